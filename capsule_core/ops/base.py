@@ -1,0 +1,386 @@
+"""The OpSpec: everything one op promises, in one place.
+
+An OpSpec holds the signature, the parameter schema, the shape rule, the reference forward and
+VJP (written once, dtype-generic: float64 makes the reference, float32 the numpy provider), the
+magnitude companion of the error model, seeded sample / edge / error inputs and the cost model.
+Engines (verify, fuzz, bench) only ever read OpSpecs; they hold no op-specific code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InputError, ParamError, ShapeError
+
+U = 2.0**-24
+"""Unit roundoff of float32."""
+TINY = 2.0**-126
+"""Smallest normal float32: the absolute term that absorbs subnormal effects."""
+LAMBDA = 10.0
+"""Higham–Mary constant of the probabilistic accumulation bound."""
+
+REQUIRED: Any = object()
+"""Default of a parameter that has none."""
+
+Arrays = Mapping[str, Any]
+Params = Mapping[str, Any]
+Shapes = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input of an op. `rank` describes the shape for humans, e.g. "(…, D)"."""
+
+    name: str
+    rank: str
+    dtype: str = "float32"
+    differentiable: bool = True
+    variadic: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "int64"):
+            raise ValueError(f"Tensor {self.name}: dtype must be float32 or int64")
+        if self.dtype == "int64" and self.differentiable:
+            raise ValueError(f"Tensor {self.name}: an int64 input cannot be differentiable")
+
+
+PARAM_KINDS = ("float", "int", "axis", "axis_or_none", "shape", "perm", "per_axis", "seed")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One scalar or tuple parameter. `kind` picks the generic type check and normalisation:
+
+    float (rounded to float32, must be finite), int, axis (int), axis_or_none, shape (tuple of
+    ints), perm (tuple of ints), per_axis (int or tuple of ints, one per spatial axis), seed
+    (int in [0, 2**64)). Range rules beyond the type live in the op's `shape` function.
+    """
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"Param {self.name}: kind must be one of {PARAM_KINDS}")
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A concrete input: arrays (float32 or int64; a tuple of arrays for a variadic input),
+    parameters and a stable case id. `worst_case` selects the order-free worst-case bound
+    (edge inputs, whose rounding errors may be correlated by design)."""
+
+    inputs: Mapping[str, Any]
+    params: Mapping[str, Any]
+    case: str
+    worst_case: bool = False
+
+    def summary(self) -> str:
+        parts = []
+        for name, value in self.inputs.items():
+            if isinstance(value, (tuple, list)):
+                parts.append(f"{name}=[{', '.join(_shape_str(v) for v in value)}]")
+            else:
+                parts.append(f"{name}{_shape_str(value)}")
+        parts += [f"{k}={v!r}" for k, v in self.params.items()]
+        return f"{self.case}: " + " ".join(parts)
+
+
+def _shape_str(a) -> str:
+    return "(" + ",".join(str(d) for d in np.shape(a)) + ")"
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """An input the op must refuse: the error type and a regex its message must match
+    (the message always names the argument)."""
+
+    sample: Sample
+    error: type[InputError]
+    match: str
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one forward call moves and computes (for bench)."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Correctly rounded: the result must be bitwise float32(reference)."""
+
+    why: str
+
+    def describe(self) -> str:
+        return f"exact: bitwise equal to float32(reference) ({self.why})"
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    """|y − r| ≤ c·u·M + c·2⁻¹²⁶ with c = k + λ√n (probabilistic) or k + n/(1 − n·u) (worst case).
+
+    k counts roundings and library ulp errors along the formula; n(shapes, params) is the
+    accumulation length (1 for a pointwise formula). `why` justifies k and n in one line.
+    """
+
+    k: float
+    why: str
+    n: Callable[[Shapes, Params], int] | None = None
+
+    def length(self, shapes: Shapes, params: Params) -> int:
+        return max(1, int(self.n(shapes, params))) if self.n is not None else 1
+
+    def c(self, n: int, worst_case: bool) -> float:
+        if worst_case:
+            if n * U >= 1:
+                return math.inf
+            return self.k + n / (1 - n * U)
+        return self.k + LAMBDA * math.sqrt(n)
+
+    def describe(self) -> str:
+        acc = "n = accumulation length" if self.n is not None else "n = 1"
+        return f"|y-r| <= c*u*M + c*2^-126, c = {self.k:g} + 10*sqrt(n), {acc} ({self.why})"
+
+
+ErrorModel = Exact | Accumulation
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's whole truth. Callables receive dicts of arrays keyed by input name (float
+    arrays already in the working dtype, int64 index arrays) and a dict of normalised
+    parameters (float parameters as the working dtype's scalar, already rounded to float32).
+
+    shape(shapes, params) -> output shape; validates every shape and parameter rule.
+    check_values(inputs, params) -> None; value-dependent rules (index ranges), optional.
+    forward(inputs, params) -> y in the working dtype.
+    vjp(inputs, params, y, g) -> {input: gradient} for exactly the differentiable inputs.
+    magnitude(inputs, params, y) -> M (float64, shape of y): the formula on absolute values.
+    vjp_magnitude(inputs, params, y, g) -> {input: M}.
+    cost(shapes, params) -> Cost.
+    samples(size, rng) -> [Sample] for size in small / medium / large.
+    edges() -> [Sample]; errors() -> [ErrorCase].
+    """
+
+    name: str
+    family: str
+    inputs: tuple[Tensor, ...]
+    params: tuple[Param, ...]
+    shape_rule: str
+    shape: Callable[[Shapes, Params], tuple]
+    forward: Callable[[Arrays, Params], Any]
+    magnitude: Callable[[Arrays, Params, Any], Any]
+    error: ErrorModel
+    cost: Callable[[Shapes, Params], Cost]
+    samples: Callable[[str, np.random.Generator], list[Sample]]
+    edges: Callable[[], list[Sample]]
+    errors: Callable[[], list[ErrorCase]]
+    vjp: Callable[[Arrays, Params, Any, Any], dict] | None = None
+    vjp_magnitude: Callable[[Arrays, Params, Any, Any], dict] | None = None
+    vjp_error: ErrorModel | Mapping[str, ErrorModel] | None = None
+    check_values: Callable[[Arrays, Params], None] | None = None
+    doc: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def differentiable(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs if t.differentiable)
+
+    @property
+    def has_vjp(self) -> bool:
+        return self.vjp is not None
+
+    def vjp_error_for(self, name: str) -> ErrorModel:
+        if isinstance(self.vjp_error, Mapping):
+            return self.vjp_error[name]
+        return self.vjp_error or self.error
+
+    def signature(self) -> str:
+        args = [f"{t.name}{'...' if t.variadic else ''}: {t.rank}" for t in self.inputs]
+        for p in self.params:
+            args.append(p.name if p.required else f"{p.name}={p.default!r}")
+        return f"{self.name}({', '.join(args)}) -> y: {self.shape_rule}"
+
+
+# -- validation: the runtime guard every backend calls before computing or launching --------
+
+
+def normalize_params(spec: OpSpec, params: Params) -> dict:
+    """Fill defaults, reject unknown or missing parameters, type-check each by its kind."""
+    known = {p.name for p in spec.params}
+    for name in params:
+        if name not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ParamError(spec.name, name, f"unknown parameter (allowed: {allowed})")
+    out = {}
+    for p in spec.params:
+        if p.name in params:
+            out[p.name] = _normalize_param(spec.name, p, params[p.name])
+        elif p.required:
+            raise ParamError(spec.name, p.name, "required parameter is missing")
+        else:
+            out[p.name] = p.default if p.default is None else _normalize_param(spec.name, p, p.default)
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_tuple(op: str, name: str, value, what: str) -> tuple[int, ...]:
+    if _is_int(value) or not isinstance(value, (tuple, list)):
+        raise ParamError(op, name, f"must be a tuple of ints ({what}), got {value!r}")
+    if not all(_is_int(v) for v in value):
+        raise ParamError(op, name, f"must be a tuple of ints ({what}), got {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def _normalize_param(op: str, p: Param, value):
+    if p.kind == "float":
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ParamError(op, p.name, f"must be a real number, got {value!r}")
+        if not math.isfinite(float(value)):
+            raise ParamError(op, p.name, f"must be finite, got {value!r}")
+        with np.errstate(over="ignore"):
+            rounded = float(np.float32(value))
+        if not math.isfinite(rounded):
+            raise ParamError(op, p.name, f"must be representable as float32, got {value!r}")
+        return rounded
+    if p.kind in ("int", "axis"):
+        if not _is_int(value):
+            raise ParamError(op, p.name, f"must be an int, got {value!r}")
+        return int(value)
+    if p.kind == "axis_or_none":
+        if value is None:
+            return None
+        if not _is_int(value):
+            raise ParamError(op, p.name, f"must be an int or None, got {value!r}")
+        return int(value)
+    if p.kind == "seed":
+        if not _is_int(value) or not 0 <= int(value) < 2**64:
+            raise ParamError(op, p.name, f"must be an int in [0, 2**64), got {value!r}")
+        return int(value)
+    if p.kind in ("shape", "perm"):
+        return _int_tuple(op, p.name, value, p.kind)
+    if p.kind == "per_axis":
+        if _is_int(value):
+            return int(value)
+        return _int_tuple(op, p.name, value, "one per spatial axis")
+    raise AssertionError(p.kind)
+
+
+def as_input_arrays(spec: OpSpec, inputs: Arrays, dtype) -> dict:
+    """Check input names, convert float inputs to `dtype` and index inputs to int64,
+    contiguous (the flat row-major layout contract)."""
+    names = {t.name for t in spec.inputs}
+    for name in inputs:
+        if name not in names:
+            raise ShapeError(spec.name, name, f"unknown input (inputs: {', '.join(sorted(names)) or 'none'})")
+    out = {}
+    for t in spec.inputs:
+        if t.name not in inputs:
+            raise ShapeError(spec.name, t.name, "required input is missing")
+        value = inputs[t.name]
+        if t.variadic:
+            if not isinstance(value, (tuple, list)) or len(value) == 0:
+                raise ShapeError(spec.name, t.name, "must be a non-empty list of arrays")
+            out[t.name] = tuple(_convert(spec.name, f"{t.name}[{i}]", t, v, dtype) for i, v in enumerate(value))
+        else:
+            out[t.name] = _convert(spec.name, t.name, t, value, dtype)
+    return out
+
+
+def _convert(op: str, name: str, t: Tensor, value, dtype):
+    arr = np.asarray(value)
+    if t.dtype == "int64":
+        if arr.dtype.kind not in "iu":
+            raise ShapeError(op, name, f"must be an integer array, got dtype {arr.dtype}")
+        return np.ascontiguousarray(arr, dtype=np.int64)
+    if arr.dtype.kind not in "fiub":
+        raise ShapeError(op, name, f"must be a real array, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def shapes_of(inputs: Arrays) -> dict:
+    return {k: (tuple(np.shape(a) for a in v) if isinstance(v, tuple) else np.shape(v)) for k, v in inputs.items()}
+
+
+def validate(spec: OpSpec, inputs: Arrays, params: Params, dtype=np.float64):
+    """The runtime guard: returns (arrays, params, output shape) or raises an InputError
+    naming the op, the argument and the rule. Nothing is computed or launched before it."""
+    p = normalize_params(spec, params)
+    arrays = as_input_arrays(spec, inputs, dtype)
+    out_shape = tuple(spec.shape(shapes_of(arrays), p))
+    if spec.check_values is not None:
+        spec.check_values(arrays, p)
+    return arrays, p, out_shape
+
+
+def working_params(params: Params, dtype) -> dict:
+    """Float parameters as scalars of the working dtype (values already rounded to float32)."""
+    return {k: (dtype(v) if isinstance(v, float) else v) for k, v in params.items()}
+
+
+# -- shared helpers for op modules ---------------------------------------------------------
+
+
+def require_rank(op: str, name: str, shape: Sequence[int], min_rank: int = 0, max_rank: int | None = None):
+    r = len(shape)
+    if r < min_rank or (max_rank is not None and r > max_rank):
+        want = f"rank {min_rank}" if max_rank == min_rank else (
+            f"rank >= {min_rank}" if max_rank is None else f"rank {min_rank} to {max_rank}")
+        raise ShapeError(op, name, f"must have {want}, got shape {tuple(shape)}")
+
+
+def require_same_shape(op: str, name: str, shape, other_name: str, other_shape):
+    if tuple(shape) != tuple(other_shape):
+        raise ShapeError(op, name, f"must have the shape of {other_name} {tuple(other_shape)}, got {tuple(shape)}")
+
+
+def normalize_axis(op: str, name: str, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ParamError(op, name, f"must be in [{-rank}, {rank}) for rank {rank}, got {axis}")
+    return axis % rank
+
+
+def numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+
+def seeded_rng(op: str, case: str, seed: int = 0) -> np.random.Generator:
+    """A generator that depends only on (op, case, seed): cases are reproducible by id."""
+    key = np.frombuffer(f"{op}/{case}".encode(), dtype=np.uint8).astype(np.uint64)
+    return np.random.default_rng([seed, *key.tolist()])
+
+
+def f32(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32)
+
+
+SPECIAL_VALUES = np.array(
+    [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 1.1754942e-38, 3e38, -3e38, 0.5, 2.0],
+    dtype=np.float32,
+)
+"""NaN, ±inf, ±0, ±1, subnormals, the largest normals: the values edge inputs draw from."""

@@ -1,0 +1,25 @@
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where a GPU answers; elsewhere they skip with the reason."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_unavailable()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _gpu_unavailable() -> str:
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        if drv.Device.count() == 0:
+            return "no CUDA device on this machine"
+    except ImportError:
+        return "pycuda is not installed (pip install '.[gpu]')"
+    except Exception as exc:
+        return f"no usable CUDA driver: {exc}"
+    return ""
