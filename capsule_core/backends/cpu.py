@@ -40,7 +40,7 @@ class CpuProvider:
         g = np.asarray(cotangent)
         if g.shape != out_shape:
             raise ShapeError(spec.name, "cotangent", f"must have the output shape {out_shape}, got {g.shape}")
-        g = np.ascontiguousarray(g, dtype=self.dtype)
+        g = np.array(g, dtype=self.dtype, order="C", copy=None)
         with np.errstate(all="ignore"):
             y = spec.forward(arrays, p)
             grads = spec.vjp(arrays, p, y, g)
@@ -64,7 +64,7 @@ class CpuProvider:
 
     def vjp_magnitude(self, op, inputs, cotangent, **params) -> dict:
         spec, arrays, p, out_shape = self._prepare(op, inputs, params)
-        g = np.ascontiguousarray(np.asarray(cotangent), dtype=self.dtype)
+        g = np.array(cotangent, dtype=self.dtype, order="C", copy=None)
         with np.errstate(all="ignore"):
             y = spec.forward(arrays, p)
             return spec.vjp_magnitude(arrays, p, y, g)

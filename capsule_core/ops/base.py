@@ -317,10 +317,10 @@ def _convert(op: str, name: str, t: Tensor, value, dtype):
     if t.dtype == "int64":
         if arr.dtype.kind not in "iu":
             raise ShapeError(op, name, f"must be an integer array, got dtype {arr.dtype}")
-        return np.ascontiguousarray(arr, dtype=np.int64)
+        return np.array(arr, dtype=np.int64, order="C", copy=None)
     if arr.dtype.kind not in "fiub":
         raise ShapeError(op, name, f"must be a real array, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=dtype)
+    return np.array(arr, dtype=dtype, order="C", copy=None)
 
 
 def shapes_of(inputs: Arrays) -> dict:

@@ -1,0 +1,18 @@
+"""The stable ids of the contract checks of `capsules verify` (design §4)."""
+
+CHECKS = {
+    "contract.aligned": "each descriptor states its own obligation (TorchLean's contractsAligned)",
+    "ffi.symbols": "every symbol is in its source file and a PTX .entry with the declared parameters",
+    "launch.plan": "grid, block, shared memory and arguments are legal for every sample shape",
+    "shape.guard": "every error input is refused with a clear error before any launch",
+    "value": "forward within the tolerance model of the float64 reference",
+    "value.special": "NaN / ±inf / −0 inputs give what the op's policy states",
+    "vjp": "backward within the tolerance model of the reference VJP",
+    "vjp.reference": "the reference VJP agrees with finite differences and the adjoint identity",
+    "reduction.order": "the numerical policy: fixed-left bitwise, implementation-defined within the order-free bound",
+    "determinism": "two runs give the same bits",
+    "rng": "the seeded stream: same seed same bits, other seed other bits, bitwise the reference generator",
+    "selection.ties": "under ties each window's gradient goes to exactly one tied position",
+    "bounds": "no write outside the outputs, every output element written",
+    "inputs.intact": "every input buffer bitwise unchanged",
+}

@@ -1,0 +1,68 @@
+"""What this machine has, and what each command can do with it."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+from .errors import EnvironmentMissing
+
+PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis", "scipy", "pytest", "torch", "cupy")
+
+NEEDS = {
+    "list": (), "show": (), "export": (), "select": (), "doctor": (),
+}
+"""Command name to what it needs: "nvcc", "gpu". Commands that need nothing run everywhere."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    value: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    facts: tuple[Fact, ...]
+    commands: tuple[tuple[str, bool, str], ...]
+    """(command, can run, why not)."""
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def examine() -> DoctorReport:
+    from .backends import cuda
+    from .kernels import cache_dir, find_nvcc
+
+    facts = [Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),
+             Fact("platform", platform.platform(), True)]
+    for name in PACKAGES:
+        version = package_version(name)
+        facts.append(Fact(name, version or "not installed", version is not None or name not in ("typer", "numpy", "tabulate")))
+    try:
+        nvcc = find_nvcc()
+        facts.append(Fact("nvcc", f"{nvcc.version} at {nvcc.path} (found by {nvcc.found_by})", True))
+        have_nvcc = ""
+    except EnvironmentMissing as exc:
+        facts.append(Fact("nvcc", str(exc), False))
+        have_nvcc = "nvcc not found"
+    p = cuda.probe()
+    facts.append(Fact("pycuda import", "ok" if p.pycuda_version else p.problem or "", p.pycuda_version is not None))
+    facts.append(Fact("CUDA driver", p.driver_version or "none", p.driver_version is not None))
+    gpus = "; ".join(f"#{d.index} {d.name} (sm {d.compute_capability}, {d.memory_gib:.0f} GiB)" for d in p.devices)
+    facts.append(Fact("GPUs", gpus or (p.problem or "none"), bool(p.devices)))
+    facts.append(Fact("cache folder", str(cache_dir()), True))
+    missing = {"nvcc": have_nvcc, "gpu": p.problem or ""}
+    commands = []
+    for command, needs in NEEDS.items():
+        why = "; ".join(missing[n] for n in needs if missing[n])
+        commands.append((command, not why, why))
+    return DoctorReport(tuple(facts), tuple(commands))

@@ -1,0 +1,338 @@
+"""The capsule vocabulary, mirroring TorchLean's backend types (NN.Backend.*).
+
+Pure data: enums, frozen dataclasses and the predicates `contracts_aligned` and `same_identity`.
+Standard library only, so that `capsules list` starts fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Device(str, Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Provider(str, Enum):
+    NATIVE_CUDA = "native_cuda"
+    REFERENCE = "reference"
+
+
+class BackendOp(str, Enum):
+    """TorchLean's BackendOp: the 46 ops of the native CUDA backend plus attention, which the
+    native catalog leaves out (it has a dedicated semantic split)."""
+
+    MATMUL = "matmul"
+    LINEAR = "linear"
+    MSE_LOSS = "mse_loss"
+    RELU = "relu"
+    GELU = "gelu"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    SCALE = "scale"
+    ABS = "abs"
+    SQRT = "sqrt"
+    CLAMP = "clamp"
+    MAX = "max"
+    MIN = "min"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    SOFTPLUS = "softplus"
+    EXP = "exp"
+    SIN = "sin"
+    COS = "cos"
+    LOG = "log"
+    INV = "inv"
+    SAFE_LOG = "safe_log"
+    LOG_SOFTMAX = "log_softmax"
+    SOFTMAX = "softmax"
+    HARD_MASKED_SOFTMAX = "hard_masked_softmax"
+    REDUCE_SUM = "reduce_sum"
+    REDUCE_MEAN = "reduce_mean"
+    RESHAPE = "reshape"
+    PERMUTE = "permute"
+    BROADCAST = "broadcast"
+    CONCAT = "concat"
+    SLICE = "slice"
+    GATHER = "gather"
+    SCATTER_ADD = "scatter_add"
+    RAND_UNIFORM = "rand_uniform"
+    BERNOULLI_MASK = "bernoulli_mask"
+    LAYER_NORM = "layer_norm"
+    BATCH_NORM = "batch_norm"
+    CONV = "conv"
+    CONV_TRANSPOSE = "conv_transpose"
+    MAX_POOL = "max_pool"
+    SMOOTH_MAX_POOL = "smooth_max_pool"
+    AVG_POOL = "avg_pool"
+    FFT_FNO = "fft_fno"
+    SELECTIVE_SCAN = "selective_scan"
+    SCALED_DOT_PRODUCT_ATTENTION = "scaled_dot_product_attention"
+
+    @property
+    def requires_vjp(self) -> bool:
+        """Whether a differentiable program needs this op's VJP (false only for random ops)."""
+        return self not in RANDOM_OPS
+
+
+RANDOM_OPS = frozenset({BackendOp.RAND_UNIFORM, BackendOp.BERNOULLI_MASK})
+
+
+class TrustLevel(str, Enum):
+    CHECKED = "checked"
+    """Every claim is backed by a runtime guard or a test suite of this project."""
+    TRUSTED_EXTERNAL = "trusted_external"
+    """At least one claim rests on a trusted boundary (an external library)."""
+
+
+class VJPMode(str, Enum):
+    NONE = "none"
+    TORCHLEAN_TAPE = "torchlean_tape"
+    BACKEND_VJP = "backend_vjp"
+
+
+class TensorLayout(str, Enum):
+    FLAT_ROW_MAJOR = "flat_row_major"
+    """Contiguous float32, last axis fastest."""
+    CHANNEL_FIRST = "channel_first"
+    """Flat row-major (N, C, *spatial)."""
+    ALIAS = "alias"
+    """The output is the input buffer under a new shape: no copy."""
+
+
+class Aspect(str, Enum):
+    """Which of the four descriptors a claim belongs to."""
+
+    SHAPE = "shape"
+    LAYOUT = "layout"
+    VALUE = "value"
+    VJP = "vjp"
+
+
+class ContractClaim(str, Enum):
+    SHAPE_CHECKED = "shape_checked"
+    LAYOUT_FLAT_ROW_MAJOR = "layout_flat_row_major"
+    LAYOUT_CHANNEL_FIRST = "layout_channel_first"
+    LAYOUT_ALIAS = "layout_alias"
+    VALUE_MATCHES_REFERENCE = "value_matches_reference"
+    VALUE_SEEDED_STREAM = "value_seeded_stream"
+    VJP_MATCHES_REFERENCE = "vjp_matches_reference"
+    VJP_UNAVAILABLE = "vjp_unavailable"
+
+    @property
+    def aspect(self) -> Aspect:
+        return Aspect(self.value.split("_", 1)[0])
+
+
+LAYOUT_CLAIMS = {
+    TensorLayout.FLAT_ROW_MAJOR: ContractClaim.LAYOUT_FLAT_ROW_MAJOR,
+    TensorLayout.CHANNEL_FIRST: ContractClaim.LAYOUT_CHANNEL_FIRST,
+    TensorLayout.ALIAS: ContractClaim.LAYOUT_ALIAS,
+}
+
+
+class EvidenceKind(str, Enum):
+    RUNTIME_GUARD = "runtime_guard"
+    TEST_SUITE = "test_suite"
+    TRUSTED_BOUNDARY = "trusted_boundary"
+    NOT_APPLICABLE = "not_applicable"
+
+
+@dataclass(frozen=True)
+class ContractEvidence:
+    """What backs a claim: a guard function (dotted path), a test suite (a test module or a
+    `verify:<check>` id), a trusted boundary (with its reason), or nothing to back."""
+
+    kind: EvidenceKind
+    detail: str = ""
+
+    @classmethod
+    def runtime_guard(cls, name: str) -> ContractEvidence:
+        return cls(EvidenceKind.RUNTIME_GUARD, name)
+
+    @classmethod
+    def test_suite(cls, name: str) -> ContractEvidence:
+        return cls(EvidenceKind.TEST_SUITE, name)
+
+    @classmethod
+    def trusted_boundary(cls, reason: str) -> ContractEvidence:
+        return cls(EvidenceKind.TRUSTED_BOUNDARY, reason)
+
+    @classmethod
+    def not_applicable(cls) -> ContractEvidence:
+        return cls(EvidenceKind.NOT_APPLICABLE)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}({self.detail})" if self.detail else self.kind.value
+
+
+@dataclass(frozen=True)
+class NativeSymbolRef:
+    """An extern "C" entry point: its source under cuda/, its symbol, and its declared C
+    parameter list — the single source of the launch signature."""
+
+    path: str
+    symbol: str
+    params: tuple[str, ...]
+
+    def declaration(self) -> str:
+        return f'extern "C" __global__ void {self.symbol}({", ".join(self.params)})'
+
+
+@dataclass(frozen=True)
+class ContractDescriptor:
+    claim: ContractClaim
+    summary: str
+    evidence: ContractEvidence
+    provenance: tuple[NativeSymbolRef, ...] = ()
+
+
+class ReductionPolicy(str, Enum):
+    FIXED_LEFT = "fixed-left"
+    IMPLEMENTATION_DEFINED = "implementation-defined"
+    NOT_APPLICABLE = "n/a"
+
+
+@dataclass(frozen=True)
+class NumericalPolicy:
+    reduction: ReductionPolicy
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KernelCapsule:
+    """One kernel's identity and promises."""
+
+    name: str
+    op: BackendOp
+    provider: Provider
+    device: Device
+    trust_level: TrustLevel
+    supports_forward: bool
+    vjp_mode: VJPMode
+    layout: TensorLayout
+    shape: ContractDescriptor
+    layout_contract: ContractDescriptor
+    value: ContractDescriptor
+    vjp: ContractDescriptor
+    numerical_policy: NumericalPolicy
+    description: str
+    family: str
+
+    @property
+    def module(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def descriptors(self) -> dict[Aspect, ContractDescriptor]:
+        return {Aspect.SHAPE: self.shape, Aspect.LAYOUT: self.layout_contract,
+                Aspect.VALUE: self.value, Aspect.VJP: self.vjp}
+
+    @property
+    def symbols(self) -> tuple[NativeSymbolRef, ...]:
+        """Every distinct entry point behind the capsule, forward first."""
+        seen: dict[str, NativeSymbolRef] = {}
+        for d in (self.value, self.vjp, self.shape, self.layout_contract):
+            for ref in d.provenance:
+                seen.setdefault(ref.symbol, ref)
+        return tuple(seen.values())
+
+
+def contracts_aligned(capsule: KernelCapsule) -> bool:
+    """TorchLean's contractsAligned: each descriptor states its own obligation, the layout claim
+    is the capsule's layout, and the VJP claim agrees with the VJP mode."""
+    for aspect, descriptor in capsule.descriptors.items():
+        if descriptor.claim.aspect is not aspect:
+            return False
+    if capsule.layout_contract.claim is not LAYOUT_CLAIMS[capsule.layout]:
+        return False
+    vjp_unavailable = capsule.vjp.claim is ContractClaim.VJP_UNAVAILABLE
+    return vjp_unavailable == (capsule.vjp_mode is VJPMode.NONE)
+
+
+def same_identity(a: KernelCapsule, b: KernelCapsule) -> bool:
+    """Two capsules are the same kernel if they implement the same op for the same provider
+    and device: a catalog may hold at most one of them."""
+    return (a.op, a.provider, a.device) == (b.op, b.provider, b.device)
+
+
+class AssurancePolicy(str, Enum):
+    CHECKED = "checked"
+    """Admit only checked capsules."""
+    EXTERNAL = "external"
+    """Admit trusted-external capsules too."""
+
+
+class PreferenceKind(str, Enum):
+    AUTO = "auto"
+    PREFER = "prefer"
+    ONLY = "only"
+
+
+@dataclass(frozen=True)
+class ProviderPreference:
+    kind: PreferenceKind = PreferenceKind.AUTO
+    provider: Provider | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ProviderPreference:
+        """'auto', 'prefer:<provider>' or 'only:<provider>'."""
+        kind, _, provider = text.partition(":")
+        try:
+            k = PreferenceKind(kind)
+        except ValueError:
+            raise ValueError(f"provider preference must be auto, prefer:PROVIDER or only:PROVIDER, got {text!r}") from None
+        if k is PreferenceKind.AUTO:
+            if provider:
+                raise ValueError(f"'auto' takes no provider, got {text!r}")
+            return cls()
+        try:
+            return cls(k, Provider(provider))
+        except ValueError:
+            names = ", ".join(p.value for p in Provider)
+            raise ValueError(f"unknown provider {provider!r} in {text!r} (providers: {names})") from None
+
+    def __str__(self) -> str:
+        return self.kind.value if self.provider is None else f"{self.kind.value}:{self.provider.value}"
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    device: Device
+    provider: ProviderPreference = ProviderPreference()
+    assurance: AssurancePolicy = AssurancePolicy.CHECKED
+    require_vjp: bool = True
+
+
+def refusal(policy: KernelPolicy, capsule: KernelCapsule) -> str | None:
+    """Why `capsule` is not admissible under `policy`, or None when it is."""
+    if capsule.device is not policy.device:
+        return f"runs on {capsule.device.value}, the policy asks for {policy.device.value}"
+    pref = policy.provider
+    if pref.kind is PreferenceKind.ONLY and capsule.provider is not pref.provider:
+        return f"provider {capsule.provider.value} is excluded by only:{pref.provider.value}"
+    if policy.assurance is AssurancePolicy.CHECKED and capsule.trust_level is not TrustLevel.CHECKED:
+        return f"trust level {capsule.trust_level.value} is below the checked assurance policy"
+    if policy.require_vjp and capsule.op.requires_vjp and capsule.vjp_mode is VJPMode.NONE:
+        return "has no VJP and the policy requires one"
+    if not capsule.supports_forward:
+        return "does not support the forward pass"
+    if not contracts_aligned(capsule):
+        return "its contracts are not aligned"
+    return None
+
+
+def admissible(policy: KernelPolicy, capsule: KernelCapsule) -> bool:
+    return refusal(policy, capsule) is None
+
+
+def choose(policy: KernelPolicy, op: BackendOp, catalog) -> KernelCapsule | None:
+    """TorchLean's chooseCapsuleFor: with `prefer`, that provider's capsules are searched
+    first, then the catalog in order; the first admissible capsule for `op` wins."""
+    candidates = [c for c in catalog if c.op is op]
+    if policy.provider.kind is PreferenceKind.PREFER:
+        candidates.sort(key=lambda c: c.provider is not policy.provider.provider)
+    return next((c for c in candidates if admissible(policy, c)), None)

@@ -1,0 +1,130 @@
+"""Renderers: records (plain dicts) to table, JSON, CSV and Markdown text. Nothing here computes
+results or prints; the CLI writes what these return."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from .model import BackendOp, ContractDescriptor, KernelCapsule, NativeSymbolRef
+
+EXPORT_SCHEMA = "capsules.registry"
+EXPORT_SCHEMA_VERSION = 1
+FORMATS = ("table", "json", "csv", "markdown")
+
+
+def symbol_record(ref: NativeSymbolRef) -> dict:
+    return {"path": ref.path, "symbol": ref.symbol, "params": list(ref.params)}
+
+
+def descriptor_record(d: ContractDescriptor) -> dict:
+    return {"claim": d.claim.value, "summary": d.summary,
+            "evidence": {"kind": d.evidence.kind.value, "detail": d.evidence.detail},
+            "provenance": [symbol_record(r) for r in d.provenance]}
+
+
+def capsule_record(c: KernelCapsule) -> dict:
+    """Every field of a capsule as JSON-ready data (the export schema's capsule object)."""
+    return {
+        "name": c.name, "op": c.op.value, "module": c.module, "family": c.family,
+        "description": c.description, "provider": c.provider.value, "device": c.device.value,
+        "trust_level": c.trust_level.value, "supports_forward": c.supports_forward,
+        "vjp_mode": c.vjp_mode.value, "layout": c.layout.value,
+        "numerical_policy": {"reduction": c.numerical_policy.reduction.value, "note": c.numerical_policy.note},
+        "contracts": {aspect.value: descriptor_record(d) for aspect, d in c.descriptors.items()},
+        "symbols": [r.symbol for r in c.symbols],
+    }
+
+
+def export_document(capsules, modules, tool_version: str) -> dict:
+    return {
+        "schema": EXPORT_SCHEMA, "schema_version": EXPORT_SCHEMA_VERSION, "tool_version": tool_version,
+        "modules": list(modules),
+        "ops": [{"name": op.value, "requires_vjp": op.requires_vjp} for op in BackendOp],
+        "capsules": [capsule_record(c) for c in capsules],
+    }
+
+
+def list_rows(capsules) -> list[dict]:
+    return [{"name": c.name, "op": c.op.value, "family": c.family, "vjp": c.vjp_mode.value,
+             "reduction": c.numerical_policy.reduction.value,
+             "symbols": " ".join(r.symbol for r in c.symbols) or "(no launch)"} for c in capsules]
+
+
+def simple_table(rows: list[dict]) -> str:
+    """tabulate's "simple" format for rows of strings, without importing tabulate: `capsules list`
+    must start within 1.5x of a bare `import typer`, and tabulate's import and first call cost
+    about 9 ms of that budget. A test keeps the two outputs identical."""
+    if not rows:
+        return ""
+    headers = list(rows[0])
+    cells = [[str(r[h]) for h in headers] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    def line(values):
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(c) for c in cells)])
+
+
+def render_rows(rows: list[dict], fmt: str, json_value=None) -> str:
+    """rows as a table, CSV or Markdown; JSON renders `json_value` (default: the rows)."""
+    if fmt == "table":
+        return simple_table(rows)
+    if fmt == "json":
+        return json.dumps(rows if json_value is None else json_value, indent=2, ensure_ascii=False)
+    if fmt == "csv":
+        buf = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    from tabulate import tabulate
+    return tabulate(rows, headers="keys", tablefmt="github")
+
+
+def render_capsule(c: KernelCapsule, op_details: dict | None = None) -> str:
+    """The `show` page: identity, policy, the four contracts with evidence and provenance,
+    then the op's signature, parameters, shape rule, tolerance and cost models when known."""
+    from tabulate import tabulate
+    lines = [f"{c.name} — {c.description}", ""]
+    identity = [
+        ("op", c.op.value), ("family", c.family), ("provider", c.provider.value), ("device", c.device.value),
+        ("trust level", c.trust_level.value), ("forward", "supported" if c.supports_forward else "not supported"),
+        ("VJP mode", c.vjp_mode.value), ("layout", c.layout.value),
+        ("reduction", f"{c.numerical_policy.reduction.value} ({c.numerical_policy.note})"),
+    ]
+    lines += [tabulate(identity, tablefmt="plain"), "", "contracts:"]
+    for aspect, d in c.descriptors.items():
+        lines.append(f"  {aspect.value:<7} {d.claim.value}: {d.summary}")
+        lines.append(f"          evidence: {d.evidence}")
+    lines += ["", "native symbols:"]
+    if not c.symbols:
+        lines.append("  (none: the op launches no kernel)")
+    for ref in c.symbols:
+        lines.append(f"  {ref.path}: {ref.symbol}({', '.join(ref.params)})")
+    for title, body in (op_details or {}).items():
+        lines += ["", f"{title}:"] + [f"  {line}" for line in body]
+    return "\n".join(lines)
+
+
+def render_selection(selection) -> str:
+    from tabulate import tabulate
+    p = selection.policy
+    head = (f"select {selection.op.value}: device={p.device.value} provider={p.provider} "
+            f"assurance={p.assurance.value} vjp={'required' if p.require_vjp else 'not required'}")
+    chosen = (f"chosen: {selection.chosen.name}" if selection.chosen
+              else "chosen: none — no capsule is admissible under this policy")
+    rows = [(c.name, reason) for c, reason in selection.refused]
+    body = tabulate(rows, headers=("not chosen", "why"), tablefmt="simple") if rows else "no other capsule implements this op"
+    return "\n".join([head, chosen, "", body])
+
+
+def selection_record(selection) -> dict:
+    p = selection.policy
+    return {"op": selection.op.value,
+            "policy": {"device": p.device.value, "provider": str(p.provider), "assurance": p.assurance.value,
+                       "require_vjp": p.require_vjp},
+            "chosen": selection.chosen.name if selection.chosen else None,
+            "refused": [{"capsule": c.name, "reason": r} for c, r in selection.refused]}

@@ -1,0 +1,221 @@
+"""The Typer app. Commands parse options, call capsule_core and write what report.py renders:
+results to stdout, errors to stderr. Heavy modules are imported inside the command that needs them."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from capsule_core import __version__
+from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
+
+app = typer.Typer(
+    name="capsules",
+    help="Make native CUDA kernels accountable: list, show, select and check the capsules of the "
+         "native CUDA backend.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+class ShowFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class VjpOption(str, Enum):
+    none = "none"
+    torchlean_tape = "torchlean_tape"
+    backend_vjp = "backend_vjp"
+
+
+class ReductionOption(str, Enum):
+    fixed_left = "fixed-left"
+    implementation_defined = "implementation-defined"
+    not_applicable = "n/a"
+
+
+class DeviceOption(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class AssuranceOption(str, Enum):
+    checked = "checked"
+    external = "external"
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    """Write `message` to stderr and return the Exit to raise (so callers read `raise fail(...)`)."""
+    typer.echo(f"capsules: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"capsules {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+):
+    """Make native CUDA kernels accountable."""
+
+
+@app.command("list")
+def list_command(
+    module: Annotated[Optional[str], typer.Option(help="Only this registry module: native_cuda or reference.")] = None,
+    family: Annotated[Optional[str], typer.Option(help="Only this kernel family (pointwise, softmax, conv_pool, ...).")] = None,
+    vjp: Annotated[Optional[VjpOption], typer.Option(help="Only this VJP mode.")] = None,
+    reduction: Annotated[Optional[ReductionOption], typer.Option(help="Only this reduction policy.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+):
+    """One row per capsule: name, op, family, VJP mode, reduction policy, symbols.
+
+    Example: capsules list --module native_cuda --family softmax
+    """
+    from capsule_core import registry, report
+    from capsule_core.model import ReductionPolicy, VJPMode
+
+    try:
+        capsules = registry.filter_capsules(module, family, VJPMode(vjp.value) if vjp else None,
+                                            ReductionPolicy(reduction.value) if reduction else None)
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    json_value = [report.capsule_record(c) for c in capsules]
+    typer.echo(report.render_rows(report.list_rows(capsules), fmt.value, json_value))
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="A capsule name (native_cuda.relu) or an op name (relu).")],
+    fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
+):
+    """Every field of one capsule, and its op's signature, tolerance and cost models.
+
+    Contracts with their evidence, numerical policy, native symbols with their C parameters;
+    then the op's signature, parameters, shape rule, tolerance and cost models.
+
+    Example: capsules show matmul
+    """
+    import json
+
+    from capsule_core import describe, registry, report
+
+    try:
+        capsule = registry.lookup(name)
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    details = describe.op_details(capsule.op.value)
+    if fmt is ShowFormat.json:
+        typer.echo(json.dumps({**report.capsule_record(capsule), "op_details": details}, indent=2, ensure_ascii=False))
+    else:
+        typer.echo(report.render_capsule(capsule, details))
+
+
+@app.command()
+def export(
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+):
+    """The whole registry as versioned JSON (schema: docs/export-schema.md).
+
+    Example: capsules export -o registry.json
+    """
+    import json
+
+    from capsule_core import registry, report
+
+    text = json.dumps(report.export_document(registry.CATALOG, registry.MODULES, __version__), indent=2, ensure_ascii=False)
+    if output is None:
+        typer.echo(text)
+        return
+    try:
+        output.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"--output: cannot write {output}: {exc.strerror}", EXIT_ENVIRONMENT)
+
+
+@app.command()
+def select(
+    op: Annotated[str, typer.Argument(help="An op name, e.g. sin.")],
+    device: Annotated[DeviceOption, typer.Option(help="The device the program runs on.")] = DeviceOption.cuda,
+    provider: Annotated[str, typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference).")] = "auto",
+    assurance: Annotated[AssuranceOption, typer.Option(help="checked: only checked capsules; external: trusted-external too.")] = AssuranceOption.checked,
+    vjp: Annotated[bool, typer.Option("--vjp/--no-vjp", help="Require a VJP (for ops that have one).")] = True,
+    fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
+):
+    """TorchLean's planner: the capsule chosen for OP under a policy, and why the others were refused.
+
+    The search follows TorchLean's chooseCapsuleFor: with prefer:PROVIDER that provider's
+    capsules come first, then the catalog order; the first admissible capsule wins.
+
+    Example: capsules select sin --device cpu
+    """
+    import json
+
+    from capsule_core import registry, report
+    from capsule_core.model import AssurancePolicy, Device, KernelPolicy, ProviderPreference
+
+    try:
+        backend_op = registry.parse_op(op)
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    try:
+        preference = ProviderPreference.parse(provider)
+    except ValueError as exc:
+        raise fail(f"--provider: {exc}", EXIT_USAGE)
+    policy = KernelPolicy(Device(device.value), preference, AssurancePolicy(assurance.value), vjp)
+    selection = registry.select(backend_op, policy)
+    if fmt is ShowFormat.json:
+        typer.echo(json.dumps(report.selection_record(selection), indent=2))
+    else:
+        typer.echo(report.render_selection(selection))
+
+
+@app.command()
+def doctor():
+    """What this machine has, and which commands can run here.
+
+    Python and package versions, whether pycuda imports, nvcc, the driver and GPUs, the cache folder.
+
+    Example: capsules doctor
+    """
+    from tabulate import tabulate
+
+    from capsule_core import doctor as engine
+
+    result = engine.examine()
+    typer.echo(tabulate([(f.name, f.value, "ok" if f.ok else "missing") for f in result.facts],
+                        headers=("what", "found", ""), tablefmt="simple"))
+    typer.echo("")
+    typer.echo(tabulate([(c, "yes" if ok else "no", why) for c, ok, why in result.commands],
+                        headers=("command", "can run", "why not"), tablefmt="simple"))
+
+
+def main():
+    """Console-script entry point: library errors become one line and an exit code, never a traceback."""
+    try:
+        app()
+    except EnvironmentMissing as exc:
+        typer.echo(f"capsules: error: {exc}", err=True)
+        raise SystemExit(EXIT_ENVIRONMENT)
+    except CapsuleError as exc:
+        typer.echo(f"capsules: error: {exc}", err=True)
+        raise SystemExit(EXIT_USAGE)

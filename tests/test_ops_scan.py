@@ -1,0 +1,115 @@
+"""selective_scan against the spec's test vectors (exact in binary), scipy.signal.lfilter and the
+unrolled sum (independent implementations), and its edge conventions."""
+
+import numpy as np
+import pytest
+from scipy.signal import lfilter
+
+from capsule_core import reference
+from capsule_core.errors import ShapeError
+
+X = np.array([[[2.0, 1.0], [4.0, -2.0], [0.0, 3.0]]])
+H0 = np.array([[1.0, -1.0]])
+A_SHARED = np.array([0.5, 0.25])
+B_SHARED = np.array([1.0, 2.0])
+A_TOKEN = np.array([[[0.5, 0.25], [0.1, 0.75], [-1.0, 0.2]]])
+B_TOKEN = np.array([[[1.0, 2.0], [0.5, -1.0], [0.25, 0.5]]])
+
+
+def _scan(x, a, b, h0):
+    return reference.forward("selective_scan", {"x": x, "a": a, "b": b, "h0": h0})
+
+
+def _unrolled(x, a, b, h0):
+    """h[t] = (Π_{r≤t} A_r)·h0 + Σ_{s≤t} (Π_{s<r≤t} A_r)·Bc_s·X_s, term by term."""
+    batch, steps, channels = x.shape
+    a, b = np.broadcast_to(a, x.shape), np.broadcast_to(b, x.shape)
+    y = np.zeros(x.shape)
+    for t in range(steps):
+        y[:, t] = np.prod(a[:, :t + 1], axis=1) * h0
+        for s in range(t + 1):
+            y[:, t] += np.prod(a[:, s + 1:t + 1], axis=1) * b[:, s] * x[:, s]
+    return y
+
+
+def test_shared_test_vector_is_exact():
+    y = _scan(X, A_SHARED, B_SHARED, H0)
+    assert y.tolist() == [[[2.5, 1.75], [5.25, -3.5625], [2.625, 5.109375]]]
+    grads = reference.vjp("selective_scan", {"x": X, "a": A_SHARED, "b": B_SHARED, "h0": H0}, np.ones_like(y))
+    assert grads["a"].tolist() == [10.75, -2.6875]
+    assert grads["b"].tolist() == [9.5, 1.8125]
+    assert grads["x"].tolist() == [[[1.75, 2.625], [1.5, 2.5], [1.0, 2.0]]]
+    assert grads["h0"].tolist() == [[0.875, 0.328125]]
+
+
+def test_token_dependent_test_vector_is_exact():
+    y = _scan(X, A_TOKEN, B_TOKEN, H0)
+    assert y.tolist() == [[[2.5, 1.75], [2.25, 3.3125], [-2.25, 2.1625]]]
+
+
+def test_token_form_of_shared_coefficients_gives_the_same_gradients():
+    """Shared coefficients sum their per-token cotangents over time and batch."""
+    x = np.concatenate([X, 2 * X])
+    h0 = np.concatenate([H0, -H0])
+    token = {"x": x, "a": np.broadcast_to(A_SHARED, x.shape).copy(), "b": np.broadcast_to(B_SHARED, x.shape).copy(), "h0": h0}
+    shared = {"x": x, "a": A_SHARED, "b": B_SHARED, "h0": h0}
+    g = np.random.default_rng(0).standard_normal(x.shape)
+    from_token = reference.vjp("selective_scan", token, g)
+    from_shared = reference.vjp("selective_scan", shared, g)
+    for name in ("a", "b"):
+        np.testing.assert_allclose(from_token[name].sum(axis=(0, 1)), from_shared[name], rtol=1e-14)
+    for name in ("x", "h0"):
+        np.testing.assert_array_equal(from_token[name], from_shared[name])
+
+
+def test_shared_form_matches_scipy_lfilter():
+    """Per channel, h[t] = A·h[t−1] + Bc·X[t] is the IIR filter Bc / (1 − A·z⁻¹) with state A·h0."""
+    rng = np.random.default_rng(1)
+    x, h0 = rng.standard_normal((3, 50, 4)), rng.standard_normal((3, 4))
+    a, b = rng.uniform(-1, 1, 4), rng.uniform(-1, 1, 4)
+    y = _scan(x, a, b, h0)
+    for d in range(4):
+        expected = lfilter([b[d]], [1.0, -a[d]], x[:, :, d], axis=1, zi=(a[d] * h0[:, d])[:, None])[0]
+        np.testing.assert_allclose(y[:, :, d], expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("a_form, b_form", [("shared", "shared"), ("token", "token"), ("shared", "token"), ("token", "shared")])
+def test_every_form_matches_the_unrolled_sum(a_form, b_form):
+    rng = np.random.default_rng(2)
+    x, h0 = rng.standard_normal((2, 7, 3)), rng.standard_normal((2, 3))
+    a = rng.uniform(-1, 1, (3,) if a_form == "shared" else x.shape)
+    b = rng.uniform(-1, 1, (3,) if b_form == "shared" else x.shape)
+    np.testing.assert_allclose(_scan(x, a, b, h0), _unrolled(x, a, b, h0), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("form", ["shared", "token"])
+def test_empty_time_gives_empty_output_and_zero_gradients(form):
+    x, h0 = np.zeros((2, 0, 3)), np.ones((2, 3))
+    coefficient = np.ones((3,) if form == "shared" else x.shape)
+    inputs = {"x": x, "a": coefficient, "b": coefficient, "h0": h0}
+    assert _scan(**inputs).shape == (2, 0, 3)
+    grads = reference.vjp("selective_scan", inputs, np.zeros((2, 0, 3)))
+    assert grads["h0"].tolist() == [[0.0] * 3] * 2
+    assert grads["a"].shape == coefficient.shape and not grads["a"].any()
+
+
+def test_unit_decay_is_a_running_sum():
+    rng = np.random.default_rng(3)
+    x, h0, b = rng.standard_normal((2, 4096, 3)), rng.standard_normal((2, 3)), rng.uniform(-1, 1, 3)
+    y = _scan(x, np.ones(3), b, h0)
+    np.testing.assert_allclose(y, h0[:, None] + np.cumsum(b * x, axis=1), rtol=1e-12, atol=1e-10)
+
+
+def test_zero_decay_forgets_the_state():
+    rng = np.random.default_rng(4)
+    inputs = {"x": rng.standard_normal((2, 5, 3)), "a": np.zeros((2, 5, 3)), "b": rng.uniform(-1, 1, 3),
+              "h0": rng.standard_normal((2, 3))}
+    y = _scan(**inputs)
+    np.testing.assert_array_equal(y, inputs["b"] * inputs["x"])
+    assert not reference.vjp("selective_scan", inputs, np.ones_like(y))["h0"].any()
+
+
+def test_coefficient_with_the_state_shape_is_refused():
+    inputs = {"x": np.zeros((2, 5, 3)), "a": np.zeros((2, 3)), "b": np.zeros(3), "h0": np.zeros((2, 3))}
+    with pytest.raises(ShapeError, match=r"^selective_scan: a: must have shape \(D,\)"):
+        _scan(**inputs)
