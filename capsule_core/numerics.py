@@ -39,7 +39,7 @@ def compare(y, r, magnitude, model: ErrorModel, n: int = 1, worst_case: bool = F
     """y (float32 result) against r (float64 reference) with the NaN / ±inf policy:
     NaN where r is NaN, the same infinity where r is infinite, the model's bound elsewhere."""
     y = np.asarray(y)
-    r = np.asarray(r, dtype=np.float64)
+    r = _float32_target(np.asarray(r, dtype=np.float64))
     if y.shape != r.shape:
         return Comparison(False, float("inf"), None, f"shape {y.shape} != reference shape {r.shape}")
     if y.size == 0:
@@ -75,6 +75,15 @@ def compare(y, r, magnitude, model: ErrorModel, n: int = 1, worst_case: bool = F
         return Comparison(False, worst, tuple(int(i) for i in worst_i),
                           f"|y-r| = {err[worst_i]:.3g} exceeds the bound {b[worst_i]:.3g}")
     return Comparison(True, worst)
+
+
+def _float32_target(r: np.ndarray) -> np.ndarray:
+    """A finite reference beyond float32's range rounds to ±inf: that infinity is what a float32
+    result must be (the float64 reference alone can hold it finite)."""
+    with np.errstate(over="ignore"):
+        r32 = r.astype(np.float32)
+    overflow = np.isfinite(r) & np.isinf(r32)
+    return np.where(overflow, r32.astype(np.float64), r) if overflow.any() else r
 
 
 def _fail(mask, reason, y, r) -> Comparison:

@@ -23,3 +23,9 @@ def _gpu_unavailable() -> str:
     except Exception as exc:
         return f"no usable CUDA driver: {exc}"
     return ""
+
+
+@pytest.fixture(scope="session")
+def host_build_dir(tmp_path_factory):
+    """Where tests/hostmath.py puts the host builds of the kernels' device math."""
+    return str(tmp_path_factory.mktemp("hostmath"))

@@ -258,6 +258,8 @@ def _int_tuple(op: str, name: str, value, what: str) -> tuple[int, ...]:
 
 
 def _normalize_param(op: str, p: Param, value):
+    if value is None and p.default is None:
+        return None
     if p.kind == "float":
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise ParamError(op, p.name, f"must be a real number, got {value!r}")
@@ -338,9 +340,16 @@ def validate(spec: OpSpec, inputs: Arrays, params: Params, dtype=np.float64):
     return arrays, p, out_shape
 
 
+DTYPE = "dtype"
+"""Reserved key of the working parameters: the working dtype, for ops with no input to read it from."""
+
+
 def working_params(params: Params, dtype) -> dict:
-    """Float parameters as scalars of the working dtype (values already rounded to float32)."""
-    return {k: (dtype(v) if isinstance(v, float) else v) for k, v in params.items()}
+    """Float parameters as scalars of the working dtype (values already rounded to float32),
+    plus the working dtype itself under DTYPE."""
+    out = {k: (dtype(v) if isinstance(v, float) else v) for k, v in params.items()}
+    out[DTYPE] = np.dtype(dtype)
+    return out
 
 
 # -- shared helpers for op modules ---------------------------------------------------------
