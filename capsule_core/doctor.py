@@ -12,7 +12,7 @@ from .errors import EnvironmentMissing
 PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis", "scipy", "pytest", "torch", "cupy")
 
 NEEDS = {
-    "list": (), "show": (), "export": (), "select": (), "doctor": (),
+    "list": (), "show": (), "export": (), "select": (), "doctor": (), "check": ("nvcc",),
 }
 """Command name to what it needs: "nvcc", "gpu". Commands that need nothing run everywhere."""
 

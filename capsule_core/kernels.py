@@ -1,15 +1,20 @@
-"""Where the CUDA sources live and which nvcc compiles them."""
+"""The nvcc layer: where the CUDA sources live, which nvcc compiles them, and a content-hash
+cache of cubins, PTX and ptxas reports."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EnvironmentMissing
+from .errors import CapsuleError, EnvironmentMissing
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -29,6 +34,9 @@ def source_path(path: str) -> Path:
     return cuda_source_dir() / Path(path).name
 
 
+DEFAULT_CUDA = Path("/usr/local/cuda")
+
+
 @dataclass(frozen=True)
 class Nvcc:
     path: Path
@@ -45,7 +53,7 @@ def find_nvcc() -> Nvcc:
     on_path = shutil.which("nvcc")
     if on_path:
         candidates.append((Path(on_path), "PATH"))
-    candidates.append((Path("/usr/local/cuda/bin/nvcc"), "/usr/local/cuda"))
+    candidates.append((DEFAULT_CUDA / "bin" / "nvcc", str(DEFAULT_CUDA)))
     for path, how in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return Nvcc(path, _nvcc_version(path), how)
@@ -65,3 +73,195 @@ def cache_dir() -> Path:
         return Path(os.environ["CAPSULES_CACHE"])
     import platformdirs
     return Path(platformdirs.user_cache_dir("capsules"))
+
+
+# -- compilation ------------------------------------------------------------------------------
+
+COMPILE_FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
+"""Every flag that reaches nvcc. Numerics-changing flags are explicit (no fast-math, no
+flush-to-zero, IEEE division and square root; FMA contraction on) and recorded in results."""
+ARCHES = ("sm_80", "sm_90")
+CACHE_FORMAT = 1
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+class CompileError(CapsuleError):
+    """nvcc refused a source: the command, nvcc's message and the source lines around the error."""
+
+    def __init__(self, source: Path, command: list[str], output: str):
+        self.source, self.command, self.output = source, command, output
+        super().__init__(f"nvcc failed on {source.name}:\n{output.strip()}\n{_error_context(output)}"
+                         f"command: {' '.join(command)}")
+
+
+def _error_context(output: str) -> str:
+    """The numbered source lines around the first `file(line): error` nvcc reports."""
+    match = re.search(r"^(.+?)\((\d+)\): (?:catastrophic )?error", output, re.MULTILINE)
+    if not match or not Path(match.group(1)).is_file():
+        return ""
+    path, line = Path(match.group(1)), int(match.group(2))
+    lines = path.read_text(errors="replace").splitlines()
+    lo, hi = max(0, line - 3), min(len(lines), line + 2)
+    body = "\n".join(f"{'>' if i + 1 == line else ' '}{i + 1:5d} | {lines[i]}" for i in range(lo, hi))
+    return f"{path.name}:{line}:\n{body}\n"
+
+
+def source_closure(source: Path) -> list[Path]:
+    """The source and every local header it includes, transitively (for the cache key)."""
+    seen: dict[Path, None] = {}
+    pending = [source]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for name in _INCLUDE.findall(path.read_text(errors="replace")):
+            candidate = (path.parent / name).resolve()
+            if candidate.is_file():
+                pending.append(candidate)
+    return list(seen)
+
+
+def cache_key(source: Path, arch: str, nvcc: Nvcc) -> str:
+    digest = hashlib.sha256()
+    digest.update(f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n".encode())
+    for path in sorted(source_closure(source), key=lambda p: p.name):
+        digest.update(f"{path.name}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """ptxas's report for one entry point."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class PtxParam:
+    ptx_type: str
+    """u64, u32, f32, ... (PTX does not mark pointers: a pointer is a u64)."""
+
+
+@dataclass(frozen=True)
+class CompiledFile:
+    source: Path
+    arch: str
+    cubin: bytes
+    ptx: str
+    log: str
+    cached: bool
+
+    @property
+    def entries(self) -> dict[str, tuple[PtxParam, ...]]:
+        return parse_ptx_entries(self.ptx)
+
+    @property
+    def resources(self) -> dict[str, KernelResources]:
+        return parse_ptxas_resources(self.log)
+
+    @property
+    def warnings(self) -> list[str]:
+        return [line for line in self.log.splitlines() if "warning" in line.lower()]
+
+
+_ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.DOTALL)
+_PARAM = re.compile(r"\.param\s+\.(\w+)(?:\s+\.ptr)?(?:\s+\.\w+)*\s+\w+(\[\d+\])?")
+
+
+def parse_ptx_entries(ptx: str) -> dict[str, tuple[PtxParam, ...]]:
+    entries = {}
+    for name, params in _ENTRY.findall(ptx):
+        entries[name] = tuple(PtxParam(m.group(1) + (m.group(2) or "")) for m in _PARAM.finditer(params))
+    return entries
+
+
+def parse_ptxas_resources(log: str) -> dict[str, KernelResources]:
+    """Registers, spills, stack and shared memory per entry from `-Xptxas -v` output."""
+    out = {}
+    for block in re.split(r"ptxas info\s*: Compiling entry function ", log)[1:]:
+        name = re.match(r"'(\w+)'", block).group(1)
+        stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        regs = re.search(r"Used (\d+) registers", block)
+        smem = re.search(r"(\d+) bytes smem", block)
+        out[name] = KernelResources(int(regs.group(1)) if regs else 0,
+                                    int(stack.group(2)) if stack else 0, int(stack.group(3)) if stack else 0,
+                                    int(stack.group(1)) if stack else 0, int(smem.group(1)) if smem else 0)
+    return out
+
+
+def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledFile:
+    """One nvcc call for (source, arch): cubin, PTX and ptxas report, from the content-hash cache
+    when an intact entry is there. Entries are written to a private folder and renamed into place,
+    so concurrent builds never read half a file; a damaged entry is detected and rebuilt."""
+    nvcc = nvcc or find_nvcc()
+    source = Path(source).resolve()
+    entry = cache_dir() / "kernels" / f"{source.stem}-{arch}-{cache_key(source, arch, nvcc)}"
+    cached = _read_entry(entry)
+    if cached is not None:
+        return CompiledFile(source, arch, *cached, cached=True)
+    if entry.exists():
+        shutil.rmtree(entry, ignore_errors=True)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as work:
+        work = Path(work)
+        out = work / "entry"
+        out.mkdir()
+        cmd = [str(nvcc.path), *COMPILE_FLAGS, f"-arch={arch}", "-cubin", "-Xptxas", "-v", "--keep",
+               "--keep-dir", str(work), "-I", str(source.parent), "-o", str(out / "kernel.cubin"), str(source)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise CompileError(source, cmd, result.stdout + result.stderr)
+        ptx = next(work.glob("*.ptx")).read_text()
+        (out / "kernel.ptx").write_text(ptx)
+        (out / "ptxas.log").write_text(result.stdout + result.stderr)
+        _write_manifest(out)
+        try:
+            out.rename(entry)
+        except OSError:
+            pass  # another process renamed its identical build into place first
+    cached = _read_entry(entry)
+    if cached is None:
+        raise EnvironmentMissing(f"the kernel cache at {entry} cannot be written or read back; set CAPSULES_CACHE")
+    return CompiledFile(source, arch, *cached, cached=False)
+
+
+_ENTRY_FILES = ("kernel.cubin", "kernel.ptx", "ptxas.log")
+
+
+def _write_manifest(folder: Path):
+    sums = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in _ENTRY_FILES}
+    (folder / "manifest.json").write_text(json.dumps(sums))
+
+
+def _read_entry(folder: Path):
+    """(cubin, ptx, log) of an intact cache entry, or None (absent, truncated or corrupted)."""
+    try:
+        sums = json.loads((folder / "manifest.json").read_text())
+        data = {name: (folder / name).read_bytes() for name in _ENTRY_FILES}
+    except (OSError, ValueError):
+        return None
+    if any(hashlib.sha256(data[name]).hexdigest() != sums.get(name) for name in _ENTRY_FILES):
+        return None
+    return data["kernel.cubin"], data["kernel.ptx"].decode(), data["ptxas.log"].decode()
+
+
+def compile_all(jobs: list[tuple[Path, str]], workers: int | None = None) -> dict[tuple[Path, str], CompiledFile | CompileError]:
+    """Compile (source, arch) pairs in parallel; each result is a CompiledFile or its CompileError."""
+    nvcc = find_nvcc()
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+
+    def one(job):
+        try:
+            return compile_file(job[0], job[1], nvcc)
+        except CompileError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(jobs, pool.map(one, jobs)))

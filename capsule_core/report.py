@@ -128,3 +128,46 @@ def selection_record(selection) -> dict:
                        "require_vjp": p.require_vjp},
             "chosen": selection.chosen.name if selection.chosen else None,
             "refused": [{"capsule": c.name, "reason": r} for c, r in selection.refused]}
+
+
+def check_record(report) -> dict:
+    """The JSON document of `capsules check` (the same fields as the dataclasses)."""
+    return {
+        "schema": "capsules.check", "schema_version": 1, "arches": list(report.arches), "nvcc": report.nvcc,
+        "flags": list(report.flags), "seconds": round(report.seconds, 3),
+        "compiles": {"cached": report.cached_compiles, "fresh": report.fresh_compiles},
+        "exit_code": report.exit_code,
+        "capsules": [{"name": c.capsule, "status": c.status.value,
+                      "checks": [{"id": i.check, "status": i.status.value, "messages": list(i.messages)} for i in c.items],
+                      "kernels": [vars(k) for k in c.kernels], "warnings": list(c.warnings)} for c in report.capsules],
+    }
+
+
+def render_check(report) -> str:
+    """One row per capsule (status per check, kernels, worst registers and spills), the failures'
+    messages, then one row per kernel and architecture."""
+    from tabulate import tabulate
+    check_ids = ("contract.aligned", "ffi.symbols", "launch.plan")
+    rows = []
+    for c in report.capsules:
+        statuses = {i.check: i.status.value for i in c.items}
+        regs = max((k.registers for k in c.kernels), default=None)
+        spills = sum(k.spill_stores + k.spill_loads for k in c.kernels)
+        rows.append([c.capsule, c.status.value, *(statuses.get(i, "-") for i in check_ids),
+                     len({k.symbol for k in c.kernels}), "-" if regs is None else regs, spills])
+    out = [tabulate(rows, headers=("capsule", "status", *check_ids, "kernels", "max regs", "spill bytes"), tablefmt="simple")]
+    notes = [f"{c.capsule} {i.check} {i.status.value}: {m}" for c in report.capsules for i in c.items
+             if i.status.value != "PASSED" for m in i.messages]
+    notes += [f"{c.capsule} warning: {w}" for c in report.capsules for w in c.warnings]
+    if notes:
+        out += ["", *notes]
+    kernels = [[k.symbol, k.arch, k.registers, k.spill_stores, k.spill_loads, k.stack_bytes, k.shared_bytes]
+               for c in report.capsules for k in c.kernels]
+    if kernels:
+        out += ["", tabulate(kernels, headers=("kernel", "arch", "registers", "spill st", "spill ld", "stack", "smem"),
+                             tablefmt="simple")]
+    counts = {s: sum(1 for c in report.capsules if c.status.value == s) for s in ("PASSED", "FAILED", "PENDING")}
+    out += ["", f"{counts['PASSED']} passed, {counts['FAILED']} failed, {counts['PENDING']} pending (kernels not written) "
+                f"of {len(report.capsules)} capsules; arches {', '.join(report.arches)}; nvcc {report.nvcc}; "
+                f"{report.fresh_compiles} compiled, {report.cached_compiles} from cache; {report.seconds:.1f} s"]
+    return "\n".join(out)

@@ -189,6 +189,48 @@ def select(
         typer.echo(report.render_selection(selection))
 
 
+class ArchOption(str, Enum):
+    sm_80 = "sm_80"
+    sm_90 = "sm_90"
+
+
+@app.command()
+def check(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names (default: every native capsule).")] = None,
+    arch: Annotated[Optional[list[ArchOption]], typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90).")] = None,
+    fmt: Annotated[ShowFormat, typer.Option("--format", help="text (tables) or json (for CI).")] = ShowFormat.text,
+):
+    """Static contract checks, no GPU needed: symbols, PTX signatures, ptxas resources, launch plans.
+
+    Every declared symbol must be in its source and a PTX .entry with the declared parameters;
+    registers and spills per kernel; launch plans legal for every sample and edge input.
+    Exit 1 on any failure, 3 without nvcc.
+
+    Example: capsules check softmax --arch sm_90
+    """
+    import json
+
+    from capsule_core import check as engine
+    from capsule_core import native_cuda, registry, report
+
+    try:
+        capsules = [registry.lookup(n) for n in names] if names else list(native_cuda.CAPSULES)
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    foreign = [c.name for c in capsules if c.module != "native_cuda"]
+    if foreign:
+        raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; check takes native_cuda capsules", EXIT_USAGE)
+    try:
+        result = engine.check(capsules, tuple(a.value for a in arch) if arch else engine.ARCHES)
+    except EnvironmentMissing as exc:
+        raise fail(str(exc), EXIT_ENVIRONMENT)
+    if fmt is ShowFormat.json:
+        typer.echo(json.dumps(report.check_record(result), indent=2))
+    else:
+        typer.echo(report.render_check(result))
+    raise typer.Exit(result.exit_code)
+
+
 @app.command()
 def doctor():
     """What this machine has, and which commands can run here.

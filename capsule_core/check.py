@@ -1,0 +1,203 @@
+"""`capsules check`: the static contract checks, no GPU needed.
+
+Per native capsule: its contracts are aligned; every declared symbol is in its source file and
+compiled into a PTX .entry whose parameters match the declared C list; ptxas resources per kernel
+(spills are warnings); launch plans legal for every sample and edge input of the OpSpec, on every
+target architecture. Capsules whose kernels are not written yet are reported PENDING.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from .kernels import ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, compile_all, cuda_source_dir, find_nvcc
+from .launch import parse_param, plan_functions, plan_problems
+from .model import KernelCapsule, NativeSymbolRef, contracts_aligned
+
+
+class Status(str, Enum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    PENDING = "PENDING"
+    """The capsule's kernels are not written yet."""
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    check: str
+    status: Status
+    messages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    symbol: str
+    arch: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    shared_bytes: int
+
+
+@dataclass(frozen=True)
+class CapsuleCheck:
+    capsule: str
+    items: tuple[CheckItem, ...]
+    kernels: tuple[KernelRow, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def status(self) -> Status:
+        statuses = {i.status for i in self.items}
+        if Status.FAILED in statuses:
+            return Status.FAILED
+        return Status.PENDING if Status.PENDING in statuses else Status.PASSED
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    arches: tuple[str, ...]
+    nvcc: str
+    capsules: tuple[CapsuleCheck, ...]
+    seconds: float
+    cached_compiles: int
+    fresh_compiles: int
+    flags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(c.status is Status.FAILED for c in self.capsules) else 0
+
+
+EXPECTED_PTX = {"float": "f32", "int32_t": "u32", "int64_t": "u64", "uint64_t": "u64"}
+"""PTX type of each declared C parameter type; PTX passes every pointer as a u64."""
+
+
+def expected_ptx_type(declared: str) -> str:
+    p = parse_param(declared)
+    return "u64" if p.pointer else EXPECTED_PTX[p.ctype]
+
+
+def _source_declares(ref: NativeSymbolRef, text: str) -> bool:
+    return re.search(rf'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+{ref.symbol}\s*\(',
+                     text) is not None
+
+
+def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:
+    problems = []
+    for ref in refs:
+        path = cuda_source_dir() / Path(ref.path).name
+        if not _source_declares(ref, path.read_text(errors="replace")):
+            problems.append(f"{ref.symbol}: no extern \"C\" __global__ definition in {ref.path}")
+        for arch, result in compiled.items():
+            if isinstance(result, CompileError):
+                continue
+            entry = result.entries.get(ref.symbol)
+            if entry is None:
+                problems.append(f"{ref.symbol}: no PTX .entry for {arch}")
+                continue
+            want = [expected_ptx_type(p) for p in ref.params]
+            got = [p.ptx_type for p in entry]
+            if len(want) != len(got):
+                problems.append(f"{ref.symbol} ({arch}): PTX has {len(got)} parameters, the registry declares {len(want)}")
+            else:
+                for i, (w, g, declared) in enumerate(zip(want, got, ref.params)):
+                    if w != g:
+                        problems.append(f"{ref.symbol} ({arch}): parameter {i} `{declared}` should be .{w} in PTX, is .{g}")
+    return problems
+
+
+def _plan_items(capsule: KernelCapsule, arches) -> CheckItem:
+    import numpy as np
+
+    from .ops import get_spec
+    from .ops.base import seeded_rng, validate
+
+    functions = plan_functions(capsule)
+    if functions is None:
+        return CheckItem("launch.plan", Status.FAILED, (f"no launch plan for {capsule.op.value}",))
+    forward_plan, backward_plan = functions
+    spec = get_spec(capsule.op.value)
+    symbols = {r.symbol: r for r in capsule.symbols}
+    problems, plans = [], 0
+    cases = [s for size in ("small", "medium", "large") for s in spec.samples(size, seeded_rng(spec.name, size))]
+    for sample in cases + spec.edges():
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+        expected = {"out": out_shape}
+        directions = [("fwd", forward_plan, expected)]
+        if spec.has_vjp and backward_plan is not None:
+            grads = {}
+            for name in spec.differentiable:
+                value = arrays[name]
+                if isinstance(value, tuple):
+                    grads.update({f"d{name}[{i}]": v.shape for i, v in enumerate(value)})
+                else:
+                    grads[f"d{name}"] = value.shape
+            directions.append(("bwd", backward_plan, grads))
+        elif spec.has_vjp:
+            problems.append("the op has a VJP but no backward plan")
+        for direction, function, outputs in directions:
+            plan = function(arrays, params)
+            plans += 1
+            for arch in arches:
+                problems += [f"{sample.case} {direction} {arch}: {p}" for p in plan_problems(plan, symbols, arch)]
+            declared = {k: tuple(v) for k, v in plan.output_shapes.items()}
+            if declared != {k: tuple(v) for k, v in outputs.items()}:
+                problems.append(f"{sample.case} {direction}: plan outputs {declared} != expected {outputs}")
+    status = Status.FAILED if problems else Status.PASSED
+    return CheckItem("launch.plan", status, tuple(problems[:20]) or (f"{plans} plans over {len(cases) + len(spec.edges())} cases legal",))
+
+
+def check(capsules, arches=ARCHES) -> CheckReport:
+    """Run the static checks on native capsules (raises EnvironmentMissing without nvcc)."""
+    start = time.perf_counter()
+    nvcc = find_nvcc()
+    source_dir = cuda_source_dir()
+    sources = sorted({source_dir / Path(r.path).name for c in capsules for r in c.symbols})
+    present = [s for s in sources if s.is_file()]
+    compiled = compile_all([(s, a) for s in present for a in arches])
+    results = []
+    for capsule in capsules:
+        items = [CheckItem("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED)]
+        kernels, warnings = [], []
+        refs = capsule.symbols
+        files = sorted({source_dir / Path(r.path).name for r in refs})
+        if not refs:
+            items.append(CheckItem("ffi.symbols", Status.PASSED, ("launches no kernel: the output aliases the input",)))
+        elif not all(f.is_file() for f in files):
+            missing = ", ".join(f"cuda/{f.name}" for f in files if not f.is_file())
+            items.append(CheckItem("ffi.symbols", Status.PENDING, (f"kernels not written yet ({missing} is missing)",)))
+            results.append(CapsuleCheck(capsule.name, tuple(items), ()))
+            continue
+        else:
+            per_arch = {a: compiled[(files[0], a)] for a in arches}
+            errors = [str(r) for r in per_arch.values() if isinstance(r, CompileError)]
+            problems = errors + _symbol_problems(refs, per_arch)
+            items.append(CheckItem("ffi.symbols", Status.FAILED if problems else Status.PASSED, tuple(problems)))
+            for arch, result in per_arch.items():
+                if isinstance(result, CompileError):
+                    continue
+                warnings += [f"{arch}: {w}" for w in result.warnings]
+                resources = result.resources
+                for ref in refs:
+                    r = resources.get(ref.symbol)
+                    if r is None:
+                        continue
+                    kernels.append(KernelRow(ref.symbol, arch, r.registers, r.spill_stores, r.spill_loads,
+                                             r.stack_bytes, r.shared_bytes))
+                    if r.spill_stores or r.spill_loads:
+                        warnings.append(f"{ref.symbol} ({arch}) spills {r.spill_stores} bytes stored, {r.spill_loads} loaded")
+            if problems:
+                results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
+                continue
+        items.append(_plan_items(capsule, arches))
+        results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
+    fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
+    cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)
+    return CheckReport(tuple(arches), f"{nvcc.version} ({nvcc.path})", tuple(results), time.perf_counter() - start,
+                       cached, fresh, COMPILE_FLAGS)

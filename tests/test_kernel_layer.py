@@ -1,0 +1,169 @@
+"""The nvcc layer and `capsules check` without a GPU: discovery, the content-hash cache (hits,
+damaged entries, concurrent builds), compile errors, PTX signatures, resources, planted faults."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from capsule_core import check as check_engine
+from capsule_core import kernels, registry
+from capsule_core.errors import EnvironmentMissing
+from capsule_core.launch import Buffer, Launch, LaunchPlan, plan_problems
+from capsule_core.model import NativeSymbolRef
+from cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNEL = r'''
+#include <cstdint>
+#include "tiny.cuh"
+extern "C" __global__ void capsule_tiny_fwd(const float* __restrict__ x, float* __restrict__ y, float c, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = tiny_scale(x[i], c);
+}
+'''
+HEADER = "#pragma once\n__host__ __device__ inline float tiny_scale(float v, float c) { return v * c; }\n"
+DECLARED = NativeSymbolRef("cuda/tiny.cu", "capsule_tiny_fwd",
+                           ("const float* __restrict__ x", "float* __restrict__ y", "float c", "int64_t n"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def source(tmp_path):
+    folder = tmp_path / "cuda"
+    folder.mkdir()
+    (folder / "tiny.cuh").write_text(HEADER)
+    path = folder / "tiny.cu"
+    path.write_text(KERNEL)
+    return path
+
+
+def test_nvcc_is_found_through_cuda_home(monkeypatch, tmp_path):
+    fake = tmp_path / "toolkit" / "bin"
+    fake.mkdir(parents=True)
+    real = kernels.find_nvcc().path
+    (fake / "nvcc").symlink_to(real)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "toolkit"))
+    found = kernels.find_nvcc()
+    assert found.found_by == "CUDA_HOME" and found.path == fake / "nvcc"
+    assert found.version.startswith("13.")
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch, tmp_path):
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(kernels, "DEFAULT_CUDA", tmp_path / "nothing")
+    with pytest.raises(EnvironmentMissing, match="nvcc not found .*CUDA_HOME"):
+        kernels.find_nvcc()
+    result = CliRunner().invoke(app, ["check", "relu"])
+    assert result.exit_code == 3 and "nvcc not found" in result.stderr
+
+
+def test_compile_caches_and_reads_ptx_and_resources(cache, source):
+    first = kernels.compile_file(source, "sm_90")
+    assert not first.cached and first.cubin[:4] == b"\x7fELF"
+    assert [p.ptx_type for p in first.entries["capsule_tiny_fwd"]] == ["u64", "u64", "f32", "u64"]
+    r = first.resources["capsule_tiny_fwd"]
+    assert r.registers > 0 and r.spill_stores == r.spill_loads == 0
+    second = kernels.compile_file(source, "sm_90")
+    assert second.cached and second.cubin == first.cubin
+
+
+def test_cache_key_covers_headers_flags_and_arch(cache, source):
+    nvcc = kernels.find_nvcc()
+    key = kernels.cache_key(source, "sm_90", nvcc)
+    assert kernels.cache_key(source, "sm_80", nvcc) != key
+    (source.parent / "tiny.cuh").write_text(HEADER.replace("v * c", "c * v"))
+    assert kernels.cache_key(source, "sm_90", nvcc) != key
+
+
+@pytest.mark.parametrize("damage", ["truncate cubin", "flip ptx", "drop manifest"])
+def test_damaged_entry_is_rebuilt(cache, source, damage):
+    kernels.compile_file(source, "sm_90")
+    entry = next((cache / "kernels").glob("tiny-sm_90-*"))
+    if damage == "truncate cubin":
+        (entry / "kernel.cubin").write_bytes((entry / "kernel.cubin").read_bytes()[:100])
+    elif damage == "flip ptx":
+        (entry / "kernel.ptx").write_text((entry / "kernel.ptx").read_text().replace(".entry", ".entri", 1))
+    else:
+        (entry / "manifest.json").unlink()
+    rebuilt = kernels.compile_file(source, "sm_90")
+    assert not rebuilt.cached and "capsule_tiny_fwd" in rebuilt.entries
+    assert kernels.compile_file(source, "sm_90").cached
+
+
+def test_four_processes_compiling_at_once_share_one_entry(cache, source):
+    code = ("import sys; from pathlib import Path; from capsule_core import kernels; "
+            "r = kernels.compile_file(Path(sys.argv[1]), 'sm_90'); print(len(r.cubin))")
+    env = {**os.environ, "CAPSULES_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(source)], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    sizes = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs) and len(sizes) == 1
+    entries = [p for p in (cache / "kernels").iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and not list((cache / "kernels").glob(".build-*"))
+
+
+def test_compile_error_shows_nvccs_message_and_the_line(cache, source):
+    source.write_text(KERNEL.replace("tiny_scale(x[i], c)", "tiny_scale(x[i], undefined_name)"))
+    with pytest.raises(kernels.CompileError) as info:
+        kernels.compile_file(source, "sm_90")
+    text = str(info.value)
+    assert "undefined_name" in text and "tiny.cu:6" in text and ">    6 |" in text
+
+
+def test_symbol_check_catches_renamed_symbols_and_wrong_widths(cache, source, monkeypatch):
+    monkeypatch.setattr(check_engine, "cuda_source_dir", lambda: source.parent)
+    compiled = {"sm_90": kernels.compile_file(source, "sm_90")}
+    assert check_engine._symbol_problems([DECLARED], compiled) == []
+    renamed = NativeSymbolRef(DECLARED.path, "capsule_tiny_forward", DECLARED.params)
+    problems = check_engine._symbol_problems([renamed], compiled)
+    assert any("no extern" in p for p in problems) and any("no PTX .entry" in p for p in problems)
+    narrow = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3] + ("int32_t n",))
+    assert check_engine._symbol_problems([narrow], compiled) == [
+        "capsule_tiny_fwd (sm_90): parameter 3 `int32_t n` should be .u32 in PTX, is .u64"]
+    shorter = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3])
+    assert "PTX has 4 parameters, the registry declares 3" in check_engine._symbol_problems([shorter], compiled)[0]
+
+
+def _plan(block=(256, 1, 1), args=("x", "out", 2.0, 10), shared=0):
+    return LaunchPlan("tiny", "fwd", (Buffer("x", "input", "float32", 10), Buffer("out", "output", "float32", 10)),
+                      (Launch("capsule_tiny_fwd", (1, 1, 1), block, args, shared),), output_shapes={"out": (10,)})
+
+
+def test_plan_problems_catch_planted_faults():
+    symbols = {DECLARED.symbol: DECLARED}
+    assert plan_problems(_plan(), symbols) == []
+    assert any("2048 threads" in p for p in plan_problems(_plan(block=(2048, 1, 1)), symbols))
+    assert any("3 arguments for 4" in p for p in plan_problems(_plan(args=("x", "out", 2.0)), symbols))
+    assert any("writable but buffer x" in p for p in plan_problems(_plan(args=("out", "x", 2.0, 10)), symbols))
+    assert any("n = 1.5 does not fit int64_t" in p for p in plan_problems(_plan(args=("x", "out", 2.0, 1.5)), symbols))
+    assert any("c needs a number of type float" in p for p in plan_problems(_plan(args=("x", "out", "x", 10)), symbols))
+    assert any("x needs a buffer" in p for p in plan_problems(_plan(args=(3, "out", 2.0, 10)), symbols))
+    assert any("dynamic shared memory" in p for p in plan_problems(_plan(shared=200 * 1024), symbols, "sm_80"))
+    assert plan_problems(_plan(shared=200 * 1024), symbols, "sm_90") == []
+
+
+def test_check_json_for_one_capsule():
+    result = CliRunner().invoke(app, ["check", "relu", "--arch", "sm_90", "--format", "json"])
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "capsules.check" and doc["arches"] == ["sm_90"]
+    assert [c["name"] for c in doc["capsules"]] == ["native_cuda.relu"]
+    assert {c["id"] for c in doc["capsules"][0]["checks"]} >= {"contract.aligned", "ffi.symbols"}
+    assert result.exit_code == doc["exit_code"]
+
+
+def test_check_refuses_reference_capsules_and_unknown_names():
+    assert CliRunner().invoke(app, ["check", "reference.relu"]).exit_code == 2
+    assert CliRunner().invoke(app, ["check", "relux"]).exit_code == 2
