@@ -112,7 +112,7 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     return problems
 
 
-def _plan_items(capsule: KernelCapsule, arches) -> CheckItem:
+def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
     import numpy as np
 
     from .ops import get_spec
@@ -125,7 +125,7 @@ def _plan_items(capsule: KernelCapsule, arches) -> CheckItem:
     spec = get_spec(capsule.op.value)
     symbols = {r.symbol: r for r in capsule.symbols}
     problems, plans = [], 0
-    cases = [s for size in ("small", "medium", "large") for s in spec.samples(size, seeded_rng(spec.name, size))]
+    cases = [s for size in sizes for s in spec.samples(size, seeded_rng(spec.name, size))]
     for sample in cases + spec.edges():
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         expected = {"out": out_shape}
@@ -153,7 +153,7 @@ def _plan_items(capsule: KernelCapsule, arches) -> CheckItem:
     return CheckItem("launch.plan", status, tuple(problems[:20]) or (f"{plans} plans over {len(cases) + len(spec.edges())} cases legal",))
 
 
-def check(capsules, arches=ARCHES) -> CheckReport:
+def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckReport:
     """Run the static checks on native capsules (raises EnvironmentMissing without nvcc)."""
     start = time.perf_counter()
     nvcc = find_nvcc()
@@ -195,7 +195,7 @@ def check(capsules, arches=ARCHES) -> CheckReport:
             if problems:
                 results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
                 continue
-        items.append(_plan_items(capsule, arches))
+        items.append(_plan_items(capsule, arches, sizes))
         results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
     fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
     cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)

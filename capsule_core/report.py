@@ -171,3 +171,88 @@ def render_check(report) -> str:
                 f"of {len(report.capsules)} capsules; arches {', '.join(report.arches)}; nvcc {report.nvcc}; "
                 f"{report.fresh_compiles} compiled, {report.cached_compiles} from cache; {report.seconds:.1f} s"]
     return "\n".join(out)
+
+
+VERIFY_SCHEMA_VERSION = 1
+STATUS_MARK = {"PASSED": "ok", "FAILED": "FAIL", "MISTRUSTED": "?", "SKIPPED": "-", "ERROR": "ERR"}
+
+
+def verify_record(report) -> dict:
+    """The JSON document of `capsules verify` (docs/verify-schema.md)."""
+    return {
+        "schema": "capsules.verify", "schema_version": VERIFY_SCHEMA_VERSION,
+        "backend": report.backend, "backend_note": report.backend_note, "seed": report.seed, "quick": report.quick,
+        "interrupted": report.interrupted, "seconds": round(report.seconds, 3), "exit_code": report.exit_code,
+        "capsules": [{"name": c.capsule, "status": c.status.value, "seconds": round(c.seconds, 3),
+                      "checks": [{"id": r.check, "status": r.status.value, "reason": r.reason,
+                                  "worst": None if r.worst is None or not _finite(r.worst) else r.worst,
+                                  "case": r.case, "cases": r.cases, "repro": r.repro} for r in c.results]}
+                     for c in report.capsules],
+    }
+
+
+def _finite(v: float) -> bool:
+    return v == v and v not in (float("inf"), float("-inf"))
+
+
+def render_verify(report) -> str:
+    """A capsules × checks table (ok, FAIL, ? mistrusted, - skipped, ERR), then every problem with
+    its rerun line, then the totals."""
+    from tabulate import tabulate
+
+    from .checks import CHECKS
+    ids = list(CHECKS)
+    rows = []
+    for c in report.capsules:
+        marks = {r.check: STATUS_MARK[r.status.value] for r in c.results}
+        rows.append([c.capsule.split(".", 1)[1], c.status.value, *(marks.get(i, "") for i in ids)])
+    headers = ["capsule", "status", *(i.replace("contract.", "").replace("value.special", "special")
+                                      .replace("vjp.reference", "vjp.ref").replace("reduction.order", "order")
+                                      .replace("inputs.intact", "intact").replace("selection.ties", "ties")
+                                      .replace("determinism", "determ") for i in ids)]
+    out = [tabulate(rows, headers=headers, tablefmt="simple")]
+    problems = [(c.capsule, r) for c in report.capsules for r in c.results
+                if r.status.value in ("FAILED", "ERROR", "MISTRUSTED")]
+    if problems:
+        out.append("")
+        for capsule, r in problems:
+            worst = f" (worst {r.worst:.3g} of the bound)" if r.worst is not None and _finite(r.worst) else ""
+            out.append(f"{r.status.value} {capsule} {r.check}: {r.reason}{worst}")
+            if r.repro:
+                out.append(f"    rerun: {r.repro}")
+    counts = {}
+    for c in report.capsules:
+        for r in c.results:
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    totals = ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("PASSED", "FAILED", "MISTRUSTED", "SKIPPED", "ERROR"))
+    passed = sum(1 for c in report.capsules if c.status.value in ("PASSED", "SKIPPED"))
+    tail = " (interrupted: partial report)" if report.interrupted else ""
+    out += ["", f"{passed}/{len(report.capsules)} capsules passed on {report.backend}; checks: {totals}; "
+                f"{report.seconds:.1f} s{tail}"]
+    return "\n".join(out)
+
+
+def verify_junit(report) -> str:
+    """JUnit XML: one testsuite per capsule, one testcase per check; FAILED is a failure, ERROR an
+    error, SKIPPED and MISTRUSTED (ran, could not tell) are skipped with their reason."""
+    from xml.etree import ElementTree as ET
+    root = ET.Element("testsuites", name=f"capsules verify ({report.backend})")
+    for c in report.capsules:
+        suite = ET.SubElement(root, "testsuite", name=c.capsule, tests=str(len(c.results)), time=f"{c.seconds:.3f}",
+                              failures=str(sum(r.status.value == "FAILED" for r in c.results)),
+                              errors=str(sum(r.status.value == "ERROR" for r in c.results)),
+                              skipped=str(sum(r.status.value in ("SKIPPED", "MISTRUSTED") for r in c.results)))
+        for r in c.results:
+            case = ET.SubElement(suite, "testcase", classname=c.capsule, name=r.check)
+            message = r.reason + (f" | rerun: {r.repro}" if r.repro else "")
+            if r.status.value == "FAILED":
+                ET.SubElement(case, "failure", message=r.reason, type="FAILED").text = message
+            elif r.status.value == "ERROR":
+                ET.SubElement(case, "error", message=r.reason, type="ERROR").text = message
+            elif r.status.value == "MISTRUSTED":
+                ET.SubElement(case, "skipped", message=f"MISTRUSTED (could not tell): {r.reason}")
+            elif r.status.value == "SKIPPED":
+                ET.SubElement(case, "skipped", message=r.reason)
+    if report.interrupted:
+        root.set("interrupted", "true")
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)

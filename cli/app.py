@@ -231,6 +231,112 @@ def check(
     raise typer.Exit(result.exit_code)
 
 
+class BackendOption(str, Enum):
+    auto = "auto"
+    cuda = "cuda"
+    numpy = "numpy"
+
+
+def _progress(total: int, label: str):
+    """A progress bar on a terminal, nothing in CI (stderr not a tty, or CAPSULES_PROGRESS=0)."""
+    import contextlib
+    import os
+    import sys
+    if os.environ.get("CAPSULES_PROGRESS", "1") == "0" or not sys.stderr.isatty():
+        return contextlib.nullcontext(None)
+    from rich.progress import Progress
+    from rich.console import Console
+    return Progress(console=Console(stderr=True), transient=True)
+
+
+def _write_reports(result, json_file, junit_file):
+    import json
+
+    from capsule_core import report
+    for path, text in ((json_file, lambda: json.dumps(report.verify_record(result), indent=2)),
+                       (junit_file, lambda: report.verify_junit(result))):
+        if path is not None:
+            try:
+                path.write_text(text() + "\n", encoding="utf-8")
+            except OSError as exc:
+                typer.echo(f"capsules: error: cannot write {path}: {exc.strerror}", err=True)
+
+
+@app.command()
+def verify(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
+    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else numpy.")] = BackendOption.auto,
+    device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
+    quick: Annotated[bool, typer.Option("--quick", help="Small samples and edges only (a CI smoke run).")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the sample inputs and cotangents.")] = 0,
+    check: Annotated[Optional[list[str]], typer.Option("--check", help="Run only this check id; repeatable.")] = None,
+    case: Annotated[Optional[str], typer.Option(help="Run only this case id (from a rerun line).")] = None,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/verify-schema.md).")] = None,
+    junit_file: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report.")] = None,
+    require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Exit 3 unless the run is on a GPU.")] = False,
+    isolate: Annotated[bool, typer.Option("--isolate", help="Each capsule in its own process.")] = False,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop after the first capsule that fails.")] = False,
+):
+    """Check every contract claim of the named capsules on a backend.
+
+    Checks: contract.aligned, ffi.symbols, launch.plan, shape.guard, value, value.special, vjp,
+    vjp.reference, reduction.order, determinism, rng, selection.ties, bounds, inputs.intact.
+    Exit 0 when nothing failed, 1 on a FAILED or ERROR check, 3 when the backend is missing.
+
+    Example: capsules verify softmax relu --backend numpy --junit report.xml
+    """
+    import time as clock
+
+    from capsule_core import native_cuda, registry, report
+    from capsule_core import verify as engine
+    from capsule_core.backends.select import resolve
+    from capsule_core.checks import CHECKS
+
+    if not names and not all_:
+        raise fail("NAME: give capsule names or --all", EXIT_USAGE)
+    unknown_checks = [c for c in check or () if c not in CHECKS]
+    if unknown_checks:
+        raise fail(f"--check: unknown check {', '.join(unknown_checks)} (checks: {', '.join(CHECKS)})", EXIT_USAGE)
+    try:
+        capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    try:
+        chosen, note = resolve(backend.value, device)
+    except EnvironmentMissing as exc:
+        raise fail(str(exc), EXIT_ENVIRONMENT)
+    if require_gpu and chosen.name != "cuda":
+        raise fail(f"--require-gpu: {note}", EXIT_ENVIRONMENT)
+    typer.echo(note, err=True)
+    result = engine.VerifyReport(chosen.name, note, seed, quick)
+    child_argv = ["--backend", chosen.name, "--device", str(device), "--seed", str(seed), *(["--quick"] if quick else []),
+                  *[a for c in check or () for a in ("--check", c)], *(["--case", case] if case else [])]
+    start = clock.perf_counter()
+    try:
+        with _progress(len(capsules), "verify") as progress:
+            task = progress.add_task("verify", total=len(capsules)) if progress else None
+            for capsule in capsules:
+                if progress:
+                    progress.update(task, description=f"verify {capsule.op.value}")
+                if isolate:
+                    one = engine.isolated(capsule, child_argv)
+                else:
+                    one = engine.verify_capsule(capsule, chosen, quick=quick, seed=seed,
+                                                checks=tuple(check) if check else None, case=case)
+                result.capsules.append(one)
+                if progress:
+                    progress.advance(task)
+                if fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR):
+                    break
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.seconds = clock.perf_counter() - start
+    _write_reports(result, json_file, junit_file)
+    typer.echo(report.render_verify(result))
+    raise typer.Exit(130 if result.interrupted else result.exit_code)
+
+
 @app.command()
 def doctor():
     """What this machine has, and which commands can run here.

@@ -472,6 +472,14 @@ def _max_pool_vjp(a, p, y, g):
     return {"x": _unfold_back(np.where(chosen, g[..., None], 0.0), x.shape, geometry)}
 
 
+def max_pool_windows(x_shape, params) -> np.ndarray:
+    """Each output's window as flat indices into x, row-major in the window, −1 for padding:
+    shape (outputs, kernel volume). What verify's selection.ties check needs to judge a gradient."""
+    index = np.arange(numel(x_shape), dtype=np.int64).reshape(x_shape)
+    cells, _ = _window_cells(index, params, -1)
+    return cells.reshape(-1, cells.shape[-1])
+
+
 def _avg_pool(a, p):
     cells, _ = _window_cells(a["x"], p, 0.0)
     return np.sum(cells, axis=-1) / float(cells.shape[-1])
@@ -695,7 +703,9 @@ MAX_POOL = _pool_spec(
     vjp_error=Accumulation(1, "each cell sums the cotangents of the windows that chose it: at most "
                               "prod(ceil(k/s)) terms", _overlap),
     flops_per_cell=1, flops_per_output=0, samples=_pool_samples(), edges=_max_pool_edges,
-    errors=_pool_errors("max_pool", {}), extra={"selection": MAX_SELECTION},
+    errors=_pool_errors("max_pool", {}),
+    extra={"selection": MAX_SELECTION, "windows": max_pool_windows,
+           "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities")},
     doc="max_pool(x, kernel, stride=kernel, padding=0): max over each window's real cells (padding "
         "never wins, NaN never wins, an all-NaN window gives NaN); the gradient goes to the first "
         "maximum in window order.",

@@ -1,0 +1,537 @@
+"""`capsules verify`: every contract claim of a capsule becomes a check that can fail.
+
+The engine yields one CapsuleReport per capsule and never prints. Each check ends PASSED,
+FAILED, MISTRUSTED (it ran but could not tell: an all-zero output would have passed too),
+SKIPPED (with the reason) or ERROR (the backend crashed), with the worst error over its bound
+and a one-line rerun. Tolerances come only from the OpSpecs' error models (design §4).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterator
+
+import numpy as np
+
+from .checks import CHECKS
+from .errors import InputError
+from .execution import GuardedOutput, gradient_outputs
+from .model import KernelCapsule, ReductionPolicy, contracts_aligned
+from .numerics import Comparison, compare
+from .ops import get_spec
+from .ops.base import Accumulation, OpSpec, Sample, seeded_rng, shapes_of, validate
+
+
+class Status(str, Enum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    MISTRUSTED = "MISTRUSTED"
+    SKIPPED = "SKIPPED"
+    ERROR = "ERROR"
+
+
+SEVERITY = [Status.ERROR, Status.FAILED, Status.MISTRUSTED, Status.PASSED, Status.SKIPPED]
+
+
+@dataclass(frozen=True)
+class Result:
+    check: str
+    status: Status
+    reason: str = ""
+    worst: float | None = None
+    case: str | None = None
+    cases: int = 0
+    repro: str = ""
+
+
+@dataclass(frozen=True)
+class CapsuleReport:
+    capsule: str
+    results: tuple[Result, ...]
+    seconds: float
+
+    @property
+    def status(self) -> Status:
+        present = {r.status for r in self.results}
+        return next((s for s in SEVERITY if s in present), Status.SKIPPED)
+
+
+@dataclass
+class VerifyReport:
+    backend: str
+    backend_note: str
+    seed: int
+    quick: bool
+    capsules: list[CapsuleReport] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        bad = {Status.FAILED, Status.ERROR}
+        return 1 if self.interrupted or any(r.status in bad for c in self.capsules for r in c.results) else 0
+
+
+@dataclass
+class _Case:
+    """One sample, its reference results, and what the backend did with it."""
+
+    sample: Sample
+    special: bool
+    arrays: dict
+    params: dict
+    out_shape: tuple
+    r: np.ndarray
+    m: np.ndarray
+    n: int
+    g: np.ndarray | None = None
+    r_grads: dict | None = None
+    m_grads: dict | None = None
+    y: np.ndarray | None = None
+    grads: dict | None = None
+    outputs: list = field(default_factory=list)
+    intact: list = field(default_factory=list)
+    error: str | None = None
+
+
+def _has_special(sample: Sample) -> bool:
+    def special(a):
+        a = np.asarray(a)
+        return a.dtype.kind == "f" and a.size > 0 and bool(np.any(~np.isfinite(a) | ((a == 0) & np.signbit(a))))
+    return any(special(v) if not isinstance(v, tuple) else any(special(x) for x in v) for v in sample.inputs.values())
+
+
+def _copy_inputs(arrays: dict) -> dict:
+    return {k: (tuple(x.copy() for x in v) if isinstance(v, tuple) else v.copy()) for k, v in arrays.items()}
+
+
+def _same_bits(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(_same_bits(x, y) for x, y in zip(a, b))
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+class _Run:
+    """Verification of one capsule on one backend."""
+
+    def __init__(self, capsule: KernelCapsule, spec: OpSpec, backend, quick: bool, seed: int, case_filter: str | None):
+        self.capsule, self.spec, self.backend = capsule, spec, backend
+        self.quick, self.seed, self.case_filter = quick, seed, case_filter
+        self.cases: list[_Case] = []
+
+    def repro(self, check: str, case: str | None = None) -> str:
+        line = f"capsules verify {self.spec.name} --check {check} --seed {self.seed} --backend {self.backend.name}"
+        return line + (f" --case {case}" if case else "")
+
+    # -- running ----------------------------------------------------------------------------
+
+    def samples(self) -> list[Sample]:
+        sizes = ("small",) if self.quick else ("small", "medium", "large")
+        out = [s for size in sizes for s in self.spec.samples(size, seeded_rng(self.spec.name, size, self.seed))]
+        out += self.spec.edges()
+        if self.case_filter:
+            out = [s for s in out if s.case == self.case_filter]
+        return out
+
+    def prepare(self, sample: Sample) -> _Case:
+        from .backends.cpu import REFERENCE
+        spec = self.spec
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+        r = REFERENCE.forward(spec, arrays, **sample.params)
+        m = REFERENCE.magnitude(spec, arrays, **sample.params)
+        n = spec.error.length(shapes_of(arrays), params) if isinstance(spec.error, Accumulation) else 1
+        case = _Case(sample, _has_special(sample), arrays, params, out_shape, r, m, n)
+        if spec.has_vjp:
+            case.g = seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
+            case.r_grads = REFERENCE.vjp(spec, arrays, case.g, **sample.params)
+            case.m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.g, **sample.params)
+        return case
+
+    def execute(self, case: _Case):
+        """Forward and backward on the backend, with fresh guarded outputs and input copies."""
+        try:
+            out = GuardedOutput(case.out_shape)
+            originals = _copy_inputs(case.arrays)
+            given = _copy_inputs(case.arrays)
+            run = self.backend.forward(self.spec, given, dict(case.sample.params), out)
+            case.y = out.view.copy()
+            case.outputs.append(("forward", out))
+            case.intact.append(("forward", all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)))
+            if self.spec.has_vjp:
+                grads = gradient_outputs(self.spec, case.arrays)
+                given = _copy_inputs(case.arrays)
+                g = case.g.copy()
+                run = self.backend.backward(self.spec, given, dict(case.sample.params), g, grads)
+                case.grads = {k: (tuple(x.view.copy() for x in v) if isinstance(v, tuple) else v.view.copy())
+                              for k, v in grads.items()}
+                for k, v in grads.items():
+                    case.outputs += [(f"d{k}", x) for x in (v if isinstance(v, tuple) else (v,))]
+                intact = all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)
+                intact = intact and _same_bits(run.inputs_after.get("g", g), case.g)
+                case.intact.append(("backward", intact))
+        except Exception as exc:  # a backend crash is a result (ERROR), never a lost report
+            case.error = f"{type(exc).__name__}: {exc}"
+            if getattr(exc, "poisoned", False):
+                raise
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def compare_cases(self, check: str, cases, pairs) -> Result:
+        """Run `pairs(case) -> [(label, y, r, m, model, n, worst_case)]` over cases; the worst
+        ratio decides; MISTRUSTED when no case could tell the output from all zeros."""
+        worst, worst_case, failure, discriminating, counted = 0.0, None, None, 0, 0
+        for case in cases:
+            if case.error:
+                return Result(check, Status.ERROR, case.error, case=case.sample.case, repro=self.repro(check, case.sample.case))
+            for label, y, r, m, model, n, wc in pairs(case):
+                counted += 1
+                c: Comparison = compare(y, r, m, model, n, wc)
+                if np.asarray(r).size and not compare(np.zeros_like(y), r, m, model, n, wc).passed:
+                    discriminating += 1
+                if not c.passed and failure is None:
+                    failure = (case, label, c)
+                if c.worst >= worst:
+                    worst, worst_case = c.worst, case.sample.case
+        if counted == 0:
+            return Result(check, Status.SKIPPED, "no case applies")
+        if failure:
+            case, label, c = failure
+            return Result(check, Status.FAILED, f"{label} {case.sample.summary()}: {c.reason}", c.worst,
+                          case.sample.case, counted, self.repro(check, case.sample.case))
+        if discriminating == 0:
+            return Result(check, Status.MISTRUSTED, "every reference was degenerate: an all-zero output passes too",
+                          worst, worst_case, counted, self.repro(check))
+        return Result(check, Status.PASSED, "", worst, worst_case, counted, self.repro(check))
+
+    def forward_pairs(self, worst_case_bound: bool = False):
+        def pairs(case):
+            return [("y", case.y, case.r, case.m, self.spec.error, case.n, case.sample.worst_case or worst_case_bound)]
+        return pairs
+
+    def vjp_pairs(self, case):
+        shapes = shapes_of(case.arrays)
+        out = []
+        for name in self.spec.differentiable:
+            model = self.spec.vjp_error_for(name)
+            n = model.length(shapes, case.params) if isinstance(model, Accumulation) else 1
+            ys, rs, ms = case.grads[name], case.r_grads[name], case.m_grads[name]
+            triples = zip(ys, rs, ms) if isinstance(rs, tuple) else [(ys, rs, ms)]
+            out += [(f"d{name}", y, r, m, model, n, case.sample.worst_case) for y, r, m in triples]
+        return out
+
+    def check_value(self) -> Result:
+        return self.compare_cases("value", [c for c in self.cases if not c.special], self.forward_pairs())
+
+    def check_special(self) -> Result:
+        cases = [c for c in self.cases if c.special]
+        if not cases:
+            return Result("value.special", Status.SKIPPED, "the op's edges hold no NaN, infinity or -0")
+        return self.compare_cases("value.special", cases, self.forward_pairs())
+
+    def check_vjp(self) -> Result:
+        if not self.spec.has_vjp:
+            return Result("vjp", Status.SKIPPED, "VJP mode none: the op has no reverse derivative")
+        ties = set(self.spec.extra.get("tie_cases", ()))
+        cases = [c for c in self.cases if c.sample.case not in ties]
+        return self.compare_cases("vjp", cases, self.vjp_pairs)
+
+    def check_vjp_reference(self) -> Result:
+        from . import gradcheck
+        if not self.spec.has_vjp:
+            return Result("vjp.reference", Status.SKIPPED, "VJP mode none: nothing to check")
+        samples = self.spec.samples("small", seeded_rng(self.spec.name, "small", self.seed))
+        if self.quick:
+            samples = samples[:1]
+        worst, count = 0.0, 0
+        for sample in samples:
+            for test in (gradcheck.finite_difference, gradcheck.adjoint_identity):
+                r = test(self.spec, sample)
+                count += 1
+                worst = max(worst, r.worst)
+                if not r.passed:
+                    return Result("vjp.reference", Status.FAILED, f"{test.__name__} on {sample.case}: {r.detail}",
+                                  r.worst, sample.case, count, self.repro("vjp.reference", sample.case))
+        return Result("vjp.reference", Status.PASSED, "finite differences and the adjoint identity", worst, None, count,
+                      self.repro("vjp.reference"))
+
+    def check_reduction_order(self) -> Result:
+        policy = self.capsule.numerical_policy.reduction
+        if policy is ReductionPolicy.NOT_APPLICABLE:
+            return Result("reduction.order", Status.SKIPPED, "no reduction (policy n/a)")
+        if policy is ReductionPolicy.FIXED_LEFT:
+            return Result("reduction.order", Status.SKIPPED, "no fixed-left capsule has a left-fold reference yet")
+        cases = [c for c in self.cases if not c.special]
+        result = self.compare_cases("reduction.order", cases, self.forward_pairs(worst_case_bound=True))
+        if result.status is Status.PASSED:
+            return Result(result.check, result.status, "within the order-free worst-case bound",
+                          result.worst, result.case, result.cases, result.repro)
+        return result
+
+    def check_determinism(self) -> Result:
+        picks = [c for c in self.cases if not c.error and c.y is not None and c.y.size][:3]
+        if not picks:
+            return Result("determinism", Status.SKIPPED, "no non-empty case ran")
+        for case in picks:
+            first_y, first_grads = case.y, case.grads
+            again = _Case(case.sample, case.special, case.arrays, case.params, case.out_shape, case.r, case.m, case.n,
+                          case.g, case.r_grads, case.m_grads)
+            self.execute(again)
+            if again.error:
+                return Result("determinism", Status.ERROR, again.error, case=case.sample.case)
+            if not _same_bits(again.y, first_y) or (first_grads and any(
+                    not _same_bits(again.grads[k], first_grads[k]) for k in first_grads)):
+                return Result("determinism", Status.FAILED, f"two runs of {case.sample.case} differ in their bits",
+                              case=case.sample.case, cases=len(picks), repro=self.repro("determinism", case.sample.case))
+        return Result("determinism", Status.PASSED, "forward and backward repeat bitwise", cases=len(picks),
+                      repro=self.repro("determinism"))
+
+    def check_bounds(self) -> Result:
+        count = 0
+        for case in self.cases:
+            if case.error:
+                return Result("bounds", Status.ERROR, case.error, case=case.sample.case)
+            for label, out in case.outputs:
+                count += 1
+                damage, unwritten = out.guard_damage(), out.unwritten()
+                if damage or unwritten:
+                    what = ", ".join(t for t in (f"{damage} guard elements overwritten" if damage else "",
+                                                 f"{unwritten} of {out.size} elements never written" if unwritten else "") if t)
+                    return Result("bounds", Status.FAILED, f"{label} {case.sample.summary()}: {what}",
+                                  case=case.sample.case, cases=count, repro=self.repro("bounds", case.sample.case))
+        if not count:
+            return Result("bounds", Status.SKIPPED, "no case ran")
+        return Result("bounds", Status.PASSED, "guard bands intact, every element written", cases=count,
+                      repro=self.repro("bounds"))
+
+    def check_inputs_intact(self) -> Result:
+        count = 0
+        for case in self.cases:
+            for label, ok in case.intact:
+                count += 1
+                if not ok:
+                    return Result("inputs.intact", Status.FAILED, f"{label} {case.sample.summary()}: an input changed",
+                                  case=case.sample.case, cases=count, repro=self.repro("inputs.intact", case.sample.case))
+        if not count:
+            return Result("inputs.intact", Status.SKIPPED, "no case ran")
+        return Result("inputs.intact", Status.PASSED, "every input bitwise unchanged", cases=count, repro=self.repro("inputs.intact"))
+
+    def check_shape_guard(self) -> Result:
+        cases = self.spec.errors()
+        for i, error_case in enumerate(cases):
+            before = getattr(self.backend, "launch_count", 0)
+            try:
+                self.backend.forward(self.spec, dict(error_case.sample.inputs), dict(error_case.sample.params),
+                                     GuardedOutput((0,)))
+            except InputError as exc:
+                import re
+                if not isinstance(exc, error_case.error) or not re.search(error_case.match, str(exc)):
+                    return Result("shape.guard", Status.FAILED,
+                                  f"{error_case.sample.case}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
+                                  f"matching {error_case.match!r}", case=error_case.sample.case, cases=i + 1,
+                                  repro=self.repro("shape.guard", error_case.sample.case))
+            except Exception as exc:
+                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: crashed with {type(exc).__name__}: {exc}",
+                              case=error_case.sample.case, cases=i + 1, repro=self.repro("shape.guard", error_case.sample.case))
+            else:
+                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: accepted, expected {error_case.error.__name__}",
+                              case=error_case.sample.case, cases=i + 1, repro=self.repro("shape.guard", error_case.sample.case))
+            if getattr(self.backend, "launch_count", 0) != before:
+                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: refused, but only after a launch",
+                              case=error_case.sample.case, cases=i + 1)
+        return Result("shape.guard", Status.PASSED, f"{len(cases)} error inputs refused before any launch", cases=len(cases),
+                      repro=self.repro("shape.guard"))
+
+    def check_rng(self) -> Result:
+        from .ops.random import uniform_values
+        if "seed" not in {p.name for p in self.spec.params}:
+            return Result("rng", Status.SKIPPED, "not a seeded op")
+        base = next(s for s in self.spec.samples("medium", seeded_rng(self.spec.name, "medium", self.seed)))
+        params = dict(base.params)
+
+        def run(p):
+            arrays, q, shape = validate(self.spec, {}, p, np.float32)
+            out = GuardedOutput(shape)
+            self.backend.forward(self.spec, {}, dict(p), out)
+            return out.view.copy()
+        try:
+            a, b = run(params), run(params)
+            other = run({**params, "seed": (params["seed"] + 1) % 2**64})
+        except Exception as exc:
+            return Result("rng", Status.ERROR, f"{type(exc).__name__}: {exc}")
+        from .backends.cpu import REFERENCE
+        ref = REFERENCE.forward(self.spec, {}, **params).astype(np.float32)
+        problems = []
+        if not _same_bits(a, b):
+            problems.append("the same seed gave different bits")
+        if a.size and _same_bits(a, other):
+            problems.append("another seed gave the same bits")
+        if not _same_bits(a, ref):
+            problems.append("not bitwise the reference generator")
+        u = uniform_values(params["seed"], a.size, np.float64)
+        if self.spec.name == "rand_uniform":
+            values = np.sort(a.reshape(-1).astype(np.float64))
+            ranks = np.arange(values.size + 1) / max(values.size, 1)
+            d = float(max(np.max(ranks[1:] - values), np.max(values - ranks[:-1]))) if values.size else 0.0
+            limit = 1.63 / max(values.size, 1) ** 0.5
+            if d > limit:
+                problems.append(f"Kolmogorov-Smirnov D = {d:.4g} > {limit:.4g} (alpha 0.01)")
+        else:
+            p = float(params["p"])
+            kept = float(np.sum(a))
+            expected, spread = p * a.size, (a.size * p * (1 - p)) ** 0.5
+            if spread > 0 and abs(kept - expected) > 4.0 * spread:
+                problems.append(f"{kept:.0f} kept of {a.size}, expected {expected:.0f} ± {spread:.1f} (4 sigma)")
+            if not _same_bits(a, (u < p).astype(np.float32)):
+                problems.append("the mask is not u < p")
+        if problems:
+            return Result("rng", Status.FAILED, "; ".join(problems), case=base.case, repro=self.repro("rng"))
+        return Result("rng", Status.PASSED, "seeded, reproducible, bitwise the reference stream, statistically sound",
+                      cases=3, repro=self.repro("rng"))
+
+    def check_selection_ties(self) -> Result:
+        windows = self.spec.extra.get("windows")
+        if windows is None:
+            return Result("selection.ties", Status.SKIPPED, "no selection: the op has no tie winner")
+        ties = set(self.spec.extra.get("tie_cases", ()))
+        checked = 0
+        for case in [c for c in self.cases if c.sample.case in ties]:
+            x = case.arrays["x"].reshape(-1)
+            cells = windows(case.arrays["x"].shape, case.params)
+            for o in range(min(len(cells), 64)):
+                g = np.zeros(case.out_shape, np.float32)
+                g.reshape(-1)[o] = 1.0
+                grads = gradient_outputs(self.spec, case.arrays)
+                try:
+                    self.backend.backward(self.spec, _copy_inputs(case.arrays), dict(case.sample.params), g, grads)
+                except Exception as exc:
+                    return Result("selection.ties", Status.ERROR, f"{type(exc).__name__}: {exc}", case=case.sample.case)
+                dx = grads["x"].view.reshape(-1)
+                hit = np.flatnonzero(dx)
+                window = cells[o][cells[o] >= 0]
+                values = x[window]
+                checked += 1
+                if np.all(np.isnan(values)):
+                    if hit.size:
+                        return self._tie_failure(case, o, "an all-NaN window gave a gradient")
+                    continue
+                best = np.nanmax(values)
+                maximal = set(window[values == best].tolist())
+                if hit.size != 1 or dx[hit[0]] != 1.0 or int(hit[0]) not in maximal:
+                    return self._tie_failure(case, o, f"gradient at {hit.tolist()} (values {dx[hit].tolist()}), "
+                                                      f"maximal cells {sorted(maximal)}")
+        if not checked:
+            return Result("selection.ties", Status.SKIPPED, "no tie case declared")
+        return Result("selection.ties", Status.PASSED, "each window's gradient goes to exactly one maximal cell",
+                      cases=checked, repro=self.repro("selection.ties"))
+
+    def _tie_failure(self, case, o, what) -> Result:
+        return Result("selection.ties", Status.FAILED, f"{case.sample.case} window {o}: {what}", case=case.sample.case,
+                      repro=self.repro("selection.ties", case.sample.case))
+
+
+def static_results(capsule: KernelCapsule, quick: bool) -> list[Result]:
+    """contract.aligned, and ffi.symbols / launch.plan through `capsules check` when nvcc is here."""
+    from .errors import EnvironmentMissing
+    out = [Result("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED,
+                  "" if contracts_aligned(capsule) else "a descriptor states another aspect's obligation")]
+    if capsule.module != "native_cuda":
+        reason = f"{capsule.name} launches no native kernel"
+        return out + [Result("ffi.symbols", Status.SKIPPED, reason), Result("launch.plan", Status.SKIPPED, reason)]
+    from . import check
+    try:
+        report = check.check([capsule], ("sm_90",) if quick else check.ARCHES,
+                             sizes=("small",) if quick else ("small", "medium", "large"))
+    except EnvironmentMissing as exc:
+        return out + [Result("ffi.symbols", Status.SKIPPED, str(exc)), Result("launch.plan", Status.SKIPPED, str(exc))]
+    items = {i.check: i for i in report.capsules[0].items}
+    for check_id in ("ffi.symbols", "launch.plan"):
+        item = items.get(check_id)
+        if item is None:
+            out.append(Result(check_id, Status.SKIPPED, "not reached: ffi.symbols failed"))
+        elif item.status is check.Status.PENDING:
+            out.append(Result(check_id, Status.SKIPPED, "; ".join(item.messages)))
+        else:
+            status = Status.PASSED if item.status is check.Status.PASSED else Status.FAILED
+            out.append(Result(check_id, status, "; ".join(item.messages), repro=f"capsules check {capsule.op.value}"))
+    return out
+
+
+def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed: int = 0,
+                   checks: tuple[str, ...] | None = None, case: str | None = None) -> CapsuleReport:
+    start = time.perf_counter()
+    wanted = set(checks or CHECKS)
+    spec = get_spec(capsule.op.value)
+    run = _Run(capsule, spec, backend, quick, seed, case)
+    results = [r for r in static_results(capsule, quick) if r.check in wanted] if wanted & {
+        "contract.aligned", "ffi.symbols", "launch.plan"} else []
+    dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
+    try:
+        if dynamic & {"value", "value.special", "vjp", "reduction.order", "determinism", "bounds", "inputs.intact",
+                      "selection.ties"}:
+            for sample in run.samples():
+                c = run.prepare(sample)
+                run.execute(c)
+                run.cases.append(c)
+        order = [("shape.guard", run.check_shape_guard), ("value", run.check_value),
+                 ("value.special", run.check_special), ("vjp", run.check_vjp),
+                 ("vjp.reference", run.check_vjp_reference), ("reduction.order", run.check_reduction_order),
+                 ("determinism", run.check_determinism), ("rng", run.check_rng),
+                 ("selection.ties", run.check_selection_ties), ("bounds", run.check_bounds),
+                 ("inputs.intact", run.check_inputs_intact)]
+        for check_id, function in order:
+            if check_id in dynamic:
+                results.append(function())
+    except Exception as exc:
+        if not getattr(exc, "poisoned", False):
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        else:
+            detail = f"the CUDA context is poisoned: {exc}"
+        done = {r.check for r in results}
+        results += [Result(c, Status.ERROR, detail) for c in CHECKS if c in dynamic and c not in done]
+    order = list(CHECKS)
+    results.sort(key=lambda r: order.index(r.check))
+    return CapsuleReport(capsule.name, tuple(results), time.perf_counter() - start)
+
+
+def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None, case=None) -> Iterator[CapsuleReport]:
+    """One CapsuleReport per capsule, as each finishes (so a caller can stop and keep the rest)."""
+    for capsule in capsules:
+        yield verify_capsule(capsule, backend, quick=quick, seed=seed, checks=checks, case=case)
+
+
+def capsule_report_from_record(record: dict) -> CapsuleReport:
+    """A CapsuleReport back from the `capsules` section of verify's JSON (for --isolate)."""
+    results = tuple(Result(c["id"], Status(c["status"]), c["reason"], c["worst"], c["case"], c["cases"], c["repro"])
+                    for c in record["checks"])
+    return CapsuleReport(record["name"], results, record["seconds"])
+
+
+def isolated(capsule: KernelCapsule, argv: list[str], timeout: float = 900.0) -> CapsuleReport:
+    """Verify one capsule in a child process (`argv` is the verify command line without names and
+    --json): a crash or a poisoned CUDA context there leaves the other capsules running here."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        target = os.path.join(tmp, "report.json")
+        env = {**os.environ, "CAPSULES_PROGRESS": "0"}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "cli", "verify", capsule.name, *argv, "--json", target],
+                                  capture_output=True, text=True, timeout=timeout, env=env)
+            detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        except subprocess.TimeoutExpired:
+            detail = f"timed out after {timeout:.0f} s"
+        if os.path.exists(target):
+            with open(target, encoding="utf-8") as f:
+                records = json.load(f)["capsules"]
+            if records:
+                return capsule_report_from_record(records[0])
+    return CapsuleReport(capsule.name, tuple(Result(c, Status.ERROR, f"the isolated run died: {detail}") for c in CHECKS),
+                         time.perf_counter() - start)
