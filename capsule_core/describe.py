@@ -43,3 +43,29 @@ def op_details(op: str) -> dict[str, list[str]]:
                        f"{cost.bytes_read} bytes read, {cost.bytes_written} bytes written, {cost.flops} flops "
                        f"(intensity {cost.intensity:.3g} flop/byte)"],
     }
+
+
+def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
+    """ptxas's registers, spills, stack and shared memory per symbol, or why they are unknown."""
+    from .errors import EnvironmentMissing
+    from .kernels import CompileError, compile_file, source_path
+
+    out = {}
+    for path in sorted({r.path for r in capsule.symbols}):
+        source = source_path(path)
+        if not source.is_file():
+            out.update({r.symbol: f"not compiled: {path} is not written yet" for r in capsule.symbols if r.path == path})
+            continue
+        try:
+            resources = compile_file(source, arch).resources
+        except (EnvironmentMissing, CompileError) as exc:
+            reason = str(exc).splitlines()[0]
+            out.update({r.symbol: f"not compiled: {reason}" for r in capsule.symbols if r.path == path})
+            continue
+        for ref in capsule.symbols:
+            r = resources.get(ref.symbol)
+            if ref.path == path:
+                out[ref.symbol] = (f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
+                                   f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes" if r else
+                                   f"{arch}: no such entry in the compiled PTX")
+    return out

@@ -84,7 +84,7 @@ def render_rows(rows: list[dict], fmt: str, json_value=None) -> str:
     return tabulate(rows, headers="keys", tablefmt="github")
 
 
-def render_capsule(c: KernelCapsule, op_details: dict | None = None) -> str:
+def render_capsule(c: KernelCapsule, op_details: dict | None = None, resources: dict | None = None) -> str:
     """The `show` page: identity, policy, the four contracts with evidence and provenance,
     then the op's signature, parameters, shape rule, tolerance and cost models when known."""
     from tabulate import tabulate
@@ -104,6 +104,8 @@ def render_capsule(c: KernelCapsule, op_details: dict | None = None) -> str:
         lines.append("  (none: the op launches no kernel)")
     for ref in c.symbols:
         lines.append(f"  {ref.path}: {ref.symbol}({', '.join(ref.params)})")
+        if resources and ref.symbol in resources:
+            lines.append(f"      {resources[ref.symbol]}")
     for title, body in (op_details or {}).items():
         lines += ["", f"{title}:"] + [f"  {line}" for line in body]
     return "\n".join(lines)

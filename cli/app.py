@@ -124,10 +124,12 @@ def show(
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     details = describe.op_details(capsule.op.value)
+    resources = describe.kernel_resources(capsule)
     if fmt is ShowFormat.json:
-        typer.echo(json.dumps({**report.capsule_record(capsule), "op_details": details}, indent=2, ensure_ascii=False))
+        typer.echo(json.dumps({**report.capsule_record(capsule), "op_details": details, "kernel_resources": resources},
+                              indent=2, ensure_ascii=False))
     else:
-        typer.echo(report.render_capsule(capsule, details))
+        typer.echo(report.render_capsule(capsule, details, resources))
 
 
 @app.command()

@@ -119,3 +119,21 @@ def test_doctor_reports_the_machine():
 def test_no_command_shows_help():
     result = run()
     assert "Usage" in result.stdout + result.stderr
+
+
+def test_show_gives_ptxas_resources_of_each_kernel():
+    result = run("show", "relu")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    fwd = lines.index(next(line for line in lines if "capsule_relu_fwd(" in line))
+    assert lines[fwd + 1].strip().startswith("sm_90: ") and "registers" in lines[fwd + 1] and "spill bytes" in lines[fwd + 1]
+
+
+def test_show_without_nvcc_says_why_resources_are_unknown(monkeypatch, tmp_path):
+    from capsule_core import kernels
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(kernels, "DEFAULT_CUDA", tmp_path / "none")
+    record = json.loads(run("show", "relu", "--format", "json").stdout)
+    assert record["kernel_resources"]["capsule_relu_fwd"].startswith("not compiled: nvcc not found")
