@@ -7,14 +7,15 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy.signal import correlate
-from scipy.special import logsumexp
 
 from capsule_core import reference
 from capsule_core.backends.cpu import NUMPY_F32, REFERENCE
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import shapes_of, validate
+
+correlate = pytest.importorskip("scipy.signal").correlate
+logsumexp = pytest.importorskip("scipy.special").logsumexp
 
 CONV_CASES = [
     # (x shape, w shape (Co, Ci, *k), stride, padding)

@@ -5,12 +5,13 @@ import time
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from capsule_core import reference
 from capsule_core.backends.numpy_f32 import forward as numpy_forward
 from capsule_core.errors import ParamError
 from capsule_core.ops.random import GOLDEN_GAMMA, mix, splitmix64_stream, uniform_bits
+
+stats = pytest.importorskip("scipy.stats")
 
 PUBLISHED_1234567 = [6457827717110365317, 3203168211198807973, 9817491932198370423,
                      4593380528125082431, 16408922859458223821]

@@ -3,10 +3,11 @@ unrolled sum (independent implementations), and its edge conventions."""
 
 import numpy as np
 import pytest
-from scipy.signal import lfilter
 
 from capsule_core import reference
 from capsule_core.errors import ShapeError
+
+lfilter = pytest.importorskip("scipy.signal").lfilter
 
 X = np.array([[[2.0, 1.0], [4.0, -2.0], [0.0, 3.0]]])
 H0 = np.array([[1.0, -1.0]])

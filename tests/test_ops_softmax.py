@@ -3,11 +3,12 @@ and the special-value conventions of the spec."""
 
 import numpy as np
 import pytest
-from scipy import special
 
 from capsule_core import reference
 from capsule_core.backends.numpy_f32 import forward as numpy_forward
 from capsule_core.errors import ShapeError
+
+special = pytest.importorskip("scipy.special")
 
 RNG = np.random.default_rng(11)
 NAN, INF = np.nan, np.inf

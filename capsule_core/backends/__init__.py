@@ -1,1 +1,1 @@
-"""Backends: the float64 reference, the numpy float32 provider and (later) PyCUDA."""
+"""Backends: the float64 reference and the numpy float32 provider (cpu), and PyCUDA (cuda)."""
