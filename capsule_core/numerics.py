@@ -44,7 +44,8 @@ def compare(y, r, magnitude, model: ErrorModel, n: int = 1, worst_case: bool = F
         return Comparison(False, float("inf"), None, f"shape {y.shape} != reference shape {r.shape}")
     if y.size == 0:
         return Comparison(True, 0.0)
-    y64 = y.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        y64 = y.astype(np.float64)
     r_nan = np.isnan(r)
     nan_bad = r_nan != np.isnan(y64)
     if nan_bad.any():

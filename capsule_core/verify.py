@@ -183,10 +183,11 @@ class _Run:
     def compare_cases(self, check: str, cases, pairs) -> Result:
         """Run `pairs(case) -> [(label, y, r, m, model, n, worst_case)]` over cases; the worst
         ratio decides; MISTRUSTED when no case could tell the output from all zeros."""
-        worst, worst_case, failure, discriminating, counted = 0.0, None, None, 0, 0
+        worst, worst_case, failure, crash, discriminating, counted = 0.0, None, None, None, 0, 0
         for case in cases:
             if case.error:
-                return Result(check, Status.ERROR, case.error, case=case.sample.case, repro=self.repro(check, case.sample.case))
+                crash = crash or case
+                continue
             for label, y, r, m, model, n, wc in pairs(case):
                 counted += 1
                 c: Comparison = compare(y, r, m, model, n, wc)
@@ -196,6 +197,8 @@ class _Run:
                     failure = (case, label, c)
                 if c.worst >= worst:
                     worst, worst_case = c.worst, case.sample.case
+        if failure is None and crash is not None:
+            return Result(check, Status.ERROR, crash.error, case=crash.sample.case, repro=self.repro(check, crash.sample.case))
         if counted == 0:
             return Result(check, Status.SKIPPED, "no case applies")
         if failure:
@@ -272,7 +275,8 @@ class _Run:
         return result
 
     def check_determinism(self) -> Result:
-        picks = [c for c in self.cases if not c.error and c.y is not None and c.y.size][:3]
+        ran = [c for c in self.cases if not c.error and c.y is not None and c.y.size]
+        picks = ran[:3] + [max(ran, key=lambda c: c.y.size)] if ran else []
         if not picks:
             return Result("determinism", Status.SKIPPED, "no non-empty case ran")
         for case in picks:
@@ -380,12 +384,12 @@ class _Run:
             if d > limit:
                 problems.append(f"Kolmogorov-Smirnov D = {d:.4g} > {limit:.4g} (alpha 0.01)")
         else:
-            p = float(params["p"])
+            p = float(np.float32(params["p"]))
             kept = float(np.sum(a))
             expected, spread = p * a.size, (a.size * p * (1 - p)) ** 0.5
             if spread > 0 and abs(kept - expected) > 4.0 * spread:
                 problems.append(f"{kept:.0f} kept of {a.size}, expected {expected:.0f} ± {spread:.1f} (4 sigma)")
-            if not _same_bits(a, (u < p).astype(np.float32)):
+            if not _same_bits(a, (u < p).astype(np.float32).reshape(a.shape)):
                 problems.append("the mask is not u < p")
         if problems:
             return Result("rng", Status.FAILED, "; ".join(problems), case=base.case, repro=self.repro("rng"))

@@ -94,8 +94,9 @@ def _matmul_edges() -> list[Sample]:
     same_sign = {"a": f32(np.abs(rng.standard_normal((2, 4096)))), "b": f32(np.abs(rng.standard_normal((4096, 3))))}
     tiny = {"a": f32(rng.standard_normal((3, 8)) * 1e-20), "b": f32(rng.standard_normal((8, 4)) * 1e-20)}
     special = _with_special({"a": (3, 4), "b": (4, 5)}, rng, "a", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)])
+    long_k = {"a": f32(rng.standard_normal((2, 5000))), "b": f32(rng.standard_normal((5000, 3)))}
     cases += [Sample(same_sign, {}, "edge-same-sign-k4096", True), Sample(tiny, {}, "edge-underflow", True),
-              Sample(special, {}, "edge-nan-inf", True)]
+              Sample(special, {}, "edge-nan-inf", True), Sample(long_k, {}, "edge-k5000", True)]
     return cases
 
 

@@ -473,7 +473,8 @@ SOFTPLUS = pointwise(
     error=Accumulation(SOFTPLUS_K, "expf (4), 1 + e, logf or log1pf (2), the sum"),
     vjp_error=Accumulation(SIGMOID_K + 1, "sigmoid's 6, the product"),
     flops=4, draw=_normal(6.0), small_draw=_normal(3.0),
-    extra_edges=[(dict(x=f32([-1e4, -104.0, -88.0, -30.0, -17.0, -1e-30, 1e-30, 17.0, 30.0, 88.0, 1e4, 1e30])),
+    extra_edges=[(dict(x=f32([-1e4, -104.0, -88.0, -30.0, -17.0, -1e-30, 1e-30, 2.0, 5.0, 6.0, 8.0, 10.0, 12.0, 17.0,
+                              30.0, 88.0, 1e4, 1e30])),
                   {}, "edge-range")],
     doc="softplus(x) = max(x, 0) + log(1 + e^-|x|), no threshold switch; softplus' = sigmoid.",
 )

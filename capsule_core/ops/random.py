@@ -139,7 +139,9 @@ BERNOULLI_MASK = _random_op(
     extra_edges=(({"shape": (5, 7), "p": 0.0, "seed": 3}, "edge-p0"),
                  ({"shape": (5, 7), "p": 1.0, "seed": 3}, "edge-p1"),
                  ({"shape": (4, 33), "p": 2.0**-24, "seed": 9}, "edge-p-one-step"),
-                 ({"shape": (4, 33), "p": 0.5, "seed": 9}, "edge-p-half")),
+                 ({"shape": (4, 33), "p": 0.5, "seed": 9}, "edge-p-half"),
+                 # p equal to one of the draws: only u < p (not u <= p) leaves that element 0.
+                 ({"shape": (4, 33), "p": float(uniform_values(9, 132, np.float64)[17]), "seed": 9}, "edge-p-is-a-draw")),
     extra_errors=(({"shape": (3,), "seed": 1, "p": 1.5}, ParamError, r"p: must be in \[0, 1\]"),
                   ({"shape": (3,), "seed": 1, "p": -0.25}, ParamError, r"p: must be in \[0, 1\]"),
                   ({"shape": (3,), "seed": 1, "p": float("nan")}, ParamError, r"p: must be finite"),
