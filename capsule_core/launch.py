@@ -66,6 +66,9 @@ class LaunchPlan:
     host_data: Mapping[str, np.ndarray] = field(default_factory=dict)
     output_shapes: Mapping[str, tuple] = field(default_factory=dict)
     """Shape of each output buffer as the op's result (y, or a gradient per input)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Output buffer -> the input buffer whose memory it is (reshape): the backend allocates and
+    writes nothing for it and hands back the input's memory under the output's shape."""
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -143,6 +146,15 @@ def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch
             continue
         for param, arg in zip(params, launch.args):
             problems += _argument_problems(where, param, arg, buffers)
+    for out, src in plan.aliases.items():
+        if buffers.get(out) is None or buffers[out].role != "output":
+            problems.append(f"alias {out} is not an output buffer of the plan")
+        elif buffers.get(src) is None or buffers[src].role != "input":
+            problems.append(f"alias {out} -> {src}: {src} is not an input buffer of the plan")
+        elif buffers[src].elements != buffers[out].elements or buffers[src].dtype != buffers[out].dtype:
+            problems.append(f"alias {out} -> {src}: sizes or dtypes differ")
+        if any(out in launch.args for launch in plan.launches):
+            problems.append(f"alias {out} is written by a launch")
     for name, shape in plan.output_shapes.items():
         b = buffers.get(name)
         if b is None or b.role != "output":

@@ -50,10 +50,12 @@ def test_uniform_values_are_the_top_24_of_the_low_32_bits():
     assert u.reshape(-1).tolist() == [(int(b) >> 8) * 2.0**-24 for b in bits]
 
 
-def test_ten_million_draws_take_under_a_second():
-    start = time.perf_counter()
+def test_ten_million_draws_are_vectorised():
+    """10^7 draws in well under a second of this process's CPU time (a Python loop per element
+    would take minutes): CPU time, not wall time, so a loaded machine cannot fail it."""
+    start = time.process_time()
     u = numpy_forward("rand_uniform", {}, shape=(10**7,), seed=3)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert u.dtype == np.float32 and u.shape == (10**7,)
 
 

@@ -1,0 +1,219 @@
+// The conv_pool family: conv and conv_transpose as implicit GEMMs (no im2col in device memory),
+// max / smooth max / average pooling with one thread per output (forward) or per input cell
+// (backward, a gather over the covering windows). Every kernel is atomic-free and deterministic.
+// The per-thread math is in conv_pool.cuh; this file holds the tile loops, the barriers and the
+// warp reductions.
+//
+// GEMM kernels (128 threads): a block walks its tiles (grid-stride), and for each reduction step
+// loads the next gathered patch / weight values into registers while it multiplies the current
+// shared-memory tiles (register prefetch), each thread accumulating an 8 × 4 (dw: 4 × 2) block.
+//
+// Parameter lists (registry _CONV): x (n, c_in, d, h, w), y (n, c_out, od, oh, ow); for conv w is
+// (c_out, c_in, k), for conv_transpose (c_in, c_out, k) and od = (d − 1)·s + k − 2p.
+#include <cstdint>
+
+#include "common.cuh"
+#include "conv_pool.cuh"
+
+using namespace capsule_cp;
+
+namespace {
+
+__device__ __forceinline__ Dims3 dims(int64_t d, int64_t h, int64_t w) { return Dims3{d, h, w}; }
+
+__device__ __forceinline__ Window window(int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw,
+                                         int64_t pd, int64_t ph, int64_t pw) {
+    return Window{Dims3{kd, kh, kw}, Dims3{sd, sh, sw}, Dims3{pd, ph, pw}};
+}
+
+__device__ __forceinline__ PoolGeom pool(int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh,
+                                         int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh,
+                                         int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    return PoolGeom{planes, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)};
+}
+
+// The tile layouts assume one block shape; any other writes nothing (and `bounds` says so).
+__device__ __forceinline__ bool block_is(int threads) {
+    return blockDim.x == static_cast<unsigned>(threads) && blockDim.y == 1 && blockDim.z == 1;
+}
+
+// One correlation-shaped GEMM (see CorrProblem) with tile shape T.
+template <class T, bool TRANSPOSED>
+__device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
+    alignas(16) __shared__ float As[T::BK * T::BM];
+    alignas(16) __shared__ float Bs[T::BK * T::BN];
+    if (!block_is(kGemmThreads)) return;
+    const int tid = static_cast<int>(threadIdx.x);
+    const int64_t tiles = corr_tiles<T>(p), tiles_n = corr_tiles_n<T>(p), steps = corr_steps<T>(p);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int64_t tile_m = quot(t, tiles_n), tile_n = t - tile_m * tiles_n;
+        const CorrRow row = corr_row<T>(p, tile_m, tid);
+        float acc[T::TM][T::TN];
+#pragma unroll
+        for (int i = 0; i < T::TM; ++i)
+#pragma unroll
+            for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
+        float ra[T::A_PER], rb[T::B_PER];
+        if (steps > 0) corr_load<T, TRANSPOSED>(p, row, 0, tile_n, tid, ra, rb);
+        for (int64_t step = 0; step < steps; ++step) {
+            __syncthreads();  // every thread is done reading the previous tiles
+            corr_store<T>(ra, rb, As, Bs, tid);
+            __syncthreads();
+            if (step + 1 < steps) corr_load<T, TRANSPOSED>(p, row, step + 1, tile_n, tid, ra, rb);
+            corr_product<T>(As, Bs, tid, acc);
+        }
+        corr_epilogue<T>(p, tile_m, tile_n, tid, acc);
+    }
+}
+
+template <bool TRANSPOSED>
+__device__ __forceinline__ void corr(const CorrProblem& p) { corr_gemm<CorrTiles, TRANSPOSED>(p); }
+
+__device__ __forceinline__ void weight_gemm(const WeightProblem& p) {
+    using T = WeightTile;
+    alignas(16) __shared__ float As[T::BK * T::LDA];
+    alignas(16) __shared__ float Bs[T::BK * T::LDB];
+    if (!block_is(kGemmThreads)) return;
+    const int tid = static_cast<int>(threadIdx.x);
+    const int64_t tiles = weight_tiles(p);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const WeightJob job = weight_job(p, t);
+        float acc[T::TM][T::TN];
+#pragma unroll
+        for (int i = 0; i < T::TM; ++i)
+#pragma unroll
+            for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
+        float ra[T::PER], rb[T::PER];
+        if (job.step0 < job.step1) weight_load(p, job, job.step0, tid, ra, rb);
+        for (int64_t step = job.step0; step < job.step1; ++step) {
+            __syncthreads();
+            weight_store(ra, rb, As, Bs, tid);
+            __syncthreads();
+            if (step + 1 < job.step1) weight_load(p, job, step + 1, tid, ra, rb);
+            weight_product(As, Bs, tid, acc);
+        }
+        weight_epilogue(p, job, tid, acc);
+    }
+}
+
+// db[c] = Σ g[n, c, o]: one block of kSumThreads per channel (grid-stride over channels); each
+// thread's partial, then a fixed tree: butterfly within each warp, warps added in order.
+__device__ __forceinline__ void channel_sums(const float* __restrict__ g, float* __restrict__ db, int64_t n,
+                                             int64_t channels, int64_t positions) {
+    __shared__ float warp_sums[kSumThreads / 32];
+    if (!block_is(kSumThreads)) return;
+    const int tid = static_cast<int>(threadIdx.x);
+    const bool vec = positions % 4 == 0 && aligned16(g);
+    for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+        float s = channel_partial(g, n, channels, positions, c, tid, kSumThreads, vec);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) s = add_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
+        if (tid % 32 == 0) warp_sums[tid / 32] = s;
+        __syncthreads();
+        if (tid == 0) {
+            float total = warp_sums[0];
+            for (int k = 1; k < kSumThreads / 32; ++k) total = add_rn(total, warp_sums[k]);
+            db[c] = total;
+        }
+        __syncthreads();
+    }
+}
+
+__device__ __forceinline__ void split_sums(const float* __restrict__ partial, float* __restrict__ dw, int64_t count,
+                                           int64_t splits) {
+    int64_t tail = 0;
+    if (count % 4 == 0 && aligned16(partial) && aligned16(dw)) {
+        CAPSULE_GRID_STRIDE(v, count / 4) {
+            float4 s = ld4(partial, v);
+            for (int64_t k = 1; k < splits; ++k) {
+                const float4 x = ld4(partial + k * count, v);
+                s = make_float4(add_rn(s.x, x.x), add_rn(s.y, x.y), add_rn(s.z, x.z), add_rn(s.w, x.w));
+            }
+            reinterpret_cast<float4*>(dw)[v] = s;
+        }
+        tail = count;
+    }
+    CAPSULE_GRID_STRIDE(i, count - tail) dw[tail + i] = split_sum(partial, count, splits, tail + i);
+}
+
+}  // namespace
+
+// -- conv -------------------------------------------------------------------------------------
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    // dx = the adjoint of the correlation: a gather from the windows that touch each cell of x.
+    corr<true>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {
+    weight_gemm(WeightProblem{g, x, dw, partial, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw), splits});
+}
+
+extern "C" __global__ void capsule_conv_bwd_wsum(const float* __restrict__ partial, float* __restrict__ dw, int64_t count, int64_t splits) {
+    split_sums(partial, dw, count, splits);
+}
+
+extern "C" __global__ void capsule_conv_bwd_b(const float* __restrict__ g, float* __restrict__ db, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    channel_sums(g, db, n, c_out, od * oh * ow);
+}
+
+// -- conv_transpose ---------------------------------------------------------------------------
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    // conv's dx with the roles of the operands swapped, plus the bias.
+    corr<true>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    // conv's forward (no bias) of g: w (c_in, c_out, k) is a correlation weight from c_out to c_in channels.
+    corr<false>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_transpose_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {
+    // conv's weight gradient with x in the role of the cotangent and g in the role of the input.
+    weight_gemm(WeightProblem{x, g, dw, partial, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw), splits});
+}
+
+extern "C" __global__ void capsule_conv_transpose_bwd_wsum(const float* __restrict__ partial, float* __restrict__ dw, int64_t count, int64_t splits) {
+    split_sums(partial, dw, count, splits);
+}
+
+extern "C" __global__ void capsule_conv_transpose_bwd_b(const float* __restrict__ g, float* __restrict__ db, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    channel_sums(g, db, n, c_out, od * oh * ow);
+}
+
+// -- pooling: one thread per output (forward) or per input cell (backward) --------------------
+
+extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) y[i] = max_pool_at(x, geo, i);
+}
+
+extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_bwd(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = max_pool_grad_at(x, g, geo, i);
+}
+
+extern "C" __global__ void capsule_smooth_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, float beta) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) y[i] = smooth_max_pool_at(x, geo, beta, i);
+}
+
+extern "C" __global__ void capsule_smooth_max_pool_bwd(const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, float beta) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = smooth_max_pool_grad_at(x, y, g, geo, beta, i);
+}
+
+extern "C" __global__ void capsule_avg_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) y[i] = avg_pool_at(x, geo, i);
+}
+
+extern "C" __global__ void capsule_avg_pool_bwd(const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = avg_pool_grad_at(g, geo, i);
+}
