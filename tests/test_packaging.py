@@ -13,6 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def test_every_python_package_is_listed_for_the_wheel():
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("cli", "capsule_core")
+             for p in (ROOT / top).rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"
+
+
 @pytest.mark.slow
 def test_wheel_installs_and_finds_its_cuda_sources(tmp_path):
     wheel_dir = tmp_path / "wheel"
@@ -36,7 +44,7 @@ def test_wheel_installs_and_finds_its_cuda_sources(tmp_path):
                             cwd=outside, env=env, check=True, capture_output=True, text=True)
     assert len(json.loads(listed.stdout)) == 46
     located = subprocess.run(
-        [str(python), "-c", "import capsule_core, capsule_core.kernels as k; "
+        [str(python), "-c", "import capsule_core, capsule_core.kernels as k, capsule_core.plans.pointwise; "
                             "print(capsule_core.__file__); print(k.source_path('cuda/common.cuh'))"],
         cwd=outside, env=env, check=True, capture_output=True, text=True).stdout.split()
     package_file, source = Path(located[0]), Path(located[1])
