@@ -1,0 +1,171 @@
+// Per-element math of the normalisation family (layer_norm, batch_norm), shared by the kernels in
+// norm.cu and the host tests: Welford statistics and their merge, the normalise/affine formula, the
+// backward formula given the per-statistic sums, and the (N, C, S) index walkers.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common.cuh"
+
+// -- Welford statistics -----------------------------------------------------------------------------
+
+// Count, mean and M2 = Σ(x − mean)² of a set of values.
+struct CapsuleWelford {
+    int64_t n;
+    float mean;
+    float m2;
+};
+
+CAPSULE_HD CapsuleWelford capsule_welford_empty() { return CapsuleWelford{0, 0.0f, 0.0f}; }
+
+// Welford's update: M2 grows by d·(x − new mean), both factors of one sign, so M2 ≥ 0.
+CAPSULE_HD void capsule_welford_push(CapsuleWelford& w, float x) {
+    w.n += 1;
+    const float d = x - w.mean;
+    w.mean += d / static_cast<float>(w.n);
+    w.m2 = fmaf(d, x - w.mean, w.m2);
+}
+
+// Chan et al.'s merge of two disjoint sets. Not symmetric in rounding: callers fix the order
+// (lower lane, warp or part first) so that every thread that merges the same pair gets the same bits.
+CAPSULE_HD CapsuleWelford capsule_welford_merge(CapsuleWelford a, CapsuleWelford b) {
+    if (b.n == 0) return a;
+    if (a.n == 0) return b;
+    const int64_t n = a.n + b.n;
+    const float wb = static_cast<float>(b.n) / static_cast<float>(n);
+    const float d = b.mean - a.mean;
+    CapsuleWelford r;
+    r.n = n;
+    r.mean = fmaf(d, wb, a.mean);
+    r.m2 = fmaf(d * d, static_cast<float>(a.n) * wb, a.m2 + b.m2);
+    return r;
+}
+
+// Welford state of x and g together, for batch_norm's backward: the statistics of x, the mean and the
+// plain sum of g, and the co-moment C = Σ(x − x̄)(g − ḡ) = Σ g·(x − x̄), so Σ g·x̂ = C·rstd.
+struct CapsuleComoment {
+    int64_t n;
+    float mean_x;
+    float m2;
+    float mean_g;
+    float cxg;
+    float sum_g;
+};
+
+CAPSULE_HD CapsuleComoment capsule_comoment_empty() { return CapsuleComoment{0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; }
+
+CAPSULE_HD void capsule_comoment_push(CapsuleComoment& w, float x, float g) {
+    w.n += 1;
+    const float inv = 1.0f / static_cast<float>(w.n);  // one division for both means
+    const float dx = x - w.mean_x;
+    w.mean_x = fmaf(dx, inv, w.mean_x);
+    w.mean_g = fmaf(g - w.mean_g, inv, w.mean_g);
+    w.m2 = fmaf(dx, x - w.mean_x, w.m2);
+    w.cxg = fmaf(dx, g - w.mean_g, w.cxg);
+    w.sum_g += g;
+}
+
+CAPSULE_HD CapsuleComoment capsule_comoment_merge(CapsuleComoment a, CapsuleComoment b) {
+    if (b.n == 0) return a;
+    if (a.n == 0) return b;
+    const int64_t n = a.n + b.n;
+    const float wb = static_cast<float>(b.n) / static_cast<float>(n);
+    const float cross = static_cast<float>(a.n) * wb;
+    const float dx = b.mean_x - a.mean_x;
+    const float dg = b.mean_g - a.mean_g;
+    CapsuleComoment r;
+    r.n = n;
+    r.mean_x = fmaf(dx, wb, a.mean_x);
+    r.mean_g = fmaf(dg, wb, a.mean_g);
+    r.m2 = fmaf(dx * dx, cross, a.m2 + b.m2);
+    r.cxg = fmaf(dx * dg, cross, a.cxg + b.cxg);
+    r.sum_g = a.sum_g + b.sum_g;
+    return r;
+}
+
+// -- the normalisation formulas --------------------------------------------------------------------
+
+// 1/√(σ² + eps) with a correctly rounded square root and division (-prec-sqrt, -prec-div).
+CAPSULE_HD float capsule_norm_rstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+
+CAPSULE_HD float capsule_norm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+
+CAPSULE_HD float capsule_norm_affine(float xhat, float gamma, float beta) { return fmaf(xhat, gamma, beta); }
+
+// dx = (ĝ − mean ĝ − x̂·mean(ĝ·x̂))·rstd, ĝ = g·gamma: the spec's formula divided through by the
+// statistic length, given the two means of the row or channel.
+CAPSULE_HD float capsule_norm_dx(float xhat, float ghat, float rstd, float mean_ghat, float mean_ghat_xhat) {
+    return fmaf(-xhat, mean_ghat_xhat, ghat - mean_ghat) * rstd;
+}
+
+// -- index walkers over (N, C, S) ---------------------------------------------------------------------
+
+// The channel c = (i / S) % C and spatial offset s = i % S of flat indices i = first, first + step, …,
+// advanced without a division per step. Needs S ≥ 1 and C ≥ 1.
+struct CapsuleChannelWalker {
+    int64_t s, c, ds, dc, S, C;
+};
+
+CAPSULE_HD CapsuleChannelWalker capsule_channel_walker(int64_t first, int64_t step, int64_t C, int64_t S) {
+    CapsuleChannelWalker w;
+    w.S = S;
+    w.C = C;
+    w.s = first % S;
+    w.c = (first / S) % C;
+    w.ds = step % S;
+    w.dc = (step / S) % C;
+    return w;
+}
+
+// c + dc + carry ≤ 2C − 1, so one subtraction wraps it.
+CAPSULE_HD void capsule_channel_advance(CapsuleChannelWalker& w) {
+    w.s += w.ds;
+    w.c += w.dc;
+    if (w.s >= w.S) {
+        w.s -= w.S;
+        w.c += 1;
+    }
+    if (w.c >= w.C) w.c -= w.C;
+}
+
+// The next flat index (i + 1): used inside a 4-element vector.
+CAPSULE_HD void capsule_channel_next(int64_t& s, int64_t& c, int64_t S, int64_t C) {
+    if (++s == S) {
+        s = 0;
+        if (++c == C) c = 0;
+    }
+}
+
+// The elements of channel c in statistic order j = n·S + s (j = first, first + step, …): their flat
+// offsets (n·C + c)·S + s, advanced without a division per step.
+struct CapsulePlaneWalker {
+    int64_t s, offset, ds, doffset, S, plane_gap;
+};
+
+CAPSULE_HD CapsulePlaneWalker capsule_plane_walker(int64_t first, int64_t step, int64_t c, int64_t C, int64_t S) {
+    CapsulePlaneWalker w;
+    w.S = S;
+    w.s = first % S;
+    w.offset = ((first / S) * C + c) * S + w.s;
+    w.ds = step % S;
+    w.doffset = (step / S) * C * S + w.ds;
+    w.plane_gap = (C - 1) * S;  // from the end of a plane of channel c to the start of its next one
+    return w;
+}
+
+CAPSULE_HD void capsule_plane_advance(CapsulePlaneWalker& w) {
+    w.s += w.ds;
+    w.offset += w.doffset;
+    if (w.s >= w.S) {
+        w.s -= w.S;
+        w.offset += w.plane_gap;
+    }
+}
+
+// Part p of `parts` equal chunks of [0, total): [lo, hi), empty past the end.
+CAPSULE_HD void capsule_part_range(int64_t total, int64_t parts, int64_t p, int64_t& lo, int64_t& hi) {
+    const int64_t chunk = (total + parts - 1) / parts;
+    lo = p * chunk < total ? p * chunk : total;
+    hi = lo + chunk < total ? lo + chunk : total;
+}

@@ -1,0 +1,175 @@
+// Host harness of cuda/spectral.cuh: fft_fno forward and backward computed with the kernels'
+// per-element functions in the kernels' order (KPT modes per analysis thread, TPT grid points per
+// synthesis thread, turns advanced by addition, the same twiddle table or on-the-fly twiddles).
+#include <cstdint>
+#include <vector>
+
+#include "spectral.cuh"
+
+namespace {
+
+constexpr int64_t kModesPerThread = 4;
+constexpr int64_t kPointsPerThread = 4;
+
+struct Twiddles {
+    int64_t G;
+    bool table;
+    std::vector<float> c, s;
+
+    Twiddles(int64_t grid, bool use_table) : G(grid), table(use_table) {
+        if (table) {
+            c.resize(G);
+            s.resize(G);
+            for (int64_t r = 0; r < G; ++r) capsule_fno_twiddle(r, G, c[r], s[r]);
+        }
+    }
+
+    void at(int64_t r, float& cr, float& sr) const {
+        if (table) {
+            cr = c[r];
+            sr = s[r];
+        } else {
+            capsule_fno_twiddle_f(r, G, cr, sr);
+        }
+    }
+};
+
+// out (B, M, C) interleaved = (scaled ? w_k/G : 1)·Σ_t in[b, t, c]·e^(−2πi·k·t/G).
+void analysis(const float* in, float* out, int64_t B, int64_t G, int64_t C, int64_t M, bool scaled, const Twiddles& tw) {
+    const int64_t groups = (M + kModesPerThread - 1) / kModesPerThread;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t kg = 0; kg < groups; ++kg)
+            for (int64_t c = 0; c < C; ++c) {
+                const int64_t k0 = kg * kModesPerThread;
+                int64_t r[kModesPerThread], inc[kModesPerThread];
+                float re[kModesPerThread], im[kModesPerThread];
+                for (int64_t j = 0; j < kModesPerThread; ++j) {
+                    r[j] = 0;
+                    inc[j] = (k0 + j) % G;
+                    re[j] = im[j] = 0.0f;
+                }
+                for (int64_t t = 0; t < G; ++t) {
+                    const float v = in[(b * G + t) * C + c];
+                    for (int64_t j = 0; j < kModesPerThread; ++j) {
+                        float cr, sr;
+                        tw.at(r[j], cr, sr);
+                        capsule_fno_analysis_acc(v, cr, sr, re[j], im[j]);
+                        r[j] = capsule_fno_turn_step(r[j], inc[j], G);
+                    }
+                }
+                for (int64_t j = 0; j < kModesPerThread; ++j) {
+                    const int64_t k = k0 + j;
+                    if (k >= M) continue;
+                    float* o = out + 2 * ((b * M + k) * C + c);
+                    o[0] = scaled ? capsule_fno_scale(re[j], k, G) : re[j];
+                    o[1] = scaled ? capsule_fno_scale(im[j], k, G) : im[j];
+                }
+            }
+}
+
+// out (B, G, O) = Σ_k Re(z[b, k, o]·e^(2πi·k·t/G)).
+void synthesis(const float* z, float* out, int64_t B, int64_t G, int64_t O, int64_t M, const Twiddles& tw) {
+    const int64_t groups = (G + kPointsPerThread - 1) / kPointsPerThread;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t tg = 0; tg < groups; ++tg)
+            for (int64_t o = 0; o < O; ++o) {
+                const int64_t t0 = tg * kPointsPerThread;
+                int64_t r[kPointsPerThread], inc[kPointsPerThread];
+                float acc[kPointsPerThread];
+                for (int64_t j = 0; j < kPointsPerThread; ++j) {
+                    r[j] = 0;
+                    inc[j] = (t0 + j) % G;
+                    acc[j] = 0.0f;
+                }
+                for (int64_t k = 0; k < M; ++k) {
+                    const float* zk = z + 2 * ((b * M + k) * O + o);
+                    for (int64_t j = 0; j < kPointsPerThread; ++j) {
+                        float cr, sr;
+                        tw.at(r[j], cr, sr);
+                        acc[j] = capsule_fno_synthesis_acc(zk[0], zk[1], cr, sr, acc[j]);
+                        r[j] = capsule_fno_turn_step(r[j], inc[j], G);
+                    }
+                }
+                for (int64_t j = 0; j < kPointsPerThread; ++j)
+                    if (t0 + j < G) out[(b * G + t0 + j) * O + o] = acc[j];
+            }
+}
+
+}  // namespace
+
+extern "C" void host_fft_fno_fwd(const float* x, const float* w_re, const float* w_im, float* y, int64_t B, int64_t G,
+                                 int64_t Ci, int64_t Co, int64_t M, int32_t table) {
+    const Twiddles tw(G, table != 0);
+    std::vector<float> spectrum(2 * B * M * Ci), mixed(2 * B * M * Co);
+    analysis(x, spectrum.data(), B, G, Ci, M, false, tw);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < M; ++k)
+            for (int64_t o = 0; o < Co; ++o) {
+                float zr = 0.0f, zi = 0.0f;
+                for (int64_t c = 0; c < Ci; ++c) {
+                    const float* xs = spectrum.data() + 2 * ((b * M + k) * Ci + c);
+                    capsule_fno_mix_acc(xs[0], xs[1], w_re[(k * Ci + c) * Co + o], w_im[(k * Ci + c) * Co + o], zr, zi);
+                }
+                float* z = mixed.data() + 2 * ((b * M + k) * Co + o);
+                z[0] = capsule_fno_scale(zr, k, G);
+                z[1] = capsule_fno_scale(zi, k, G);
+            }
+    synthesis(mixed.data(), y, B, G, Co, M, tw);
+}
+
+extern "C" void host_fft_fno_bwd(const float* x, const float* w_re, const float* w_im, const float* g, float* dx, float* dw_re,
+                                 float* dw_im, int64_t B, int64_t G, int64_t Ci, int64_t Co, int64_t M, int32_t table) {
+    const Twiddles tw(G, table != 0);
+    std::vector<float> xspec(2 * B * M * Ci), gspec(2 * B * M * Co), gxspec(2 * B * M * Ci);
+    analysis(x, xspec.data(), B, G, Ci, M, false, tw);
+    analysis(g, gspec.data(), B, G, Co, M, true, tw);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < M; ++k)
+            for (int64_t c = 0; c < Ci; ++c) {
+                float ar = 0.0f, ai = 0.0f;
+                for (int64_t o = 0; o < Co; ++o) {
+                    const float* gs = gspec.data() + 2 * ((b * M + k) * Co + o);
+                    capsule_fno_mix_adjoint_acc(gs[0], gs[1], w_re[(k * Ci + c) * Co + o], w_im[(k * Ci + c) * Co + o], ar, ai);
+                }
+                gxspec[2 * ((b * M + k) * Ci + c)] = ar;
+                gxspec[2 * ((b * M + k) * Ci + c) + 1] = ai;
+            }
+    synthesis(gxspec.data(), dx, B, G, Ci, M, tw);
+    for (int64_t k = 0; k < M; ++k)
+        for (int64_t c = 0; c < Ci; ++c)
+            for (int64_t o = 0; o < Co; ++o) {
+                float dr = 0.0f, di = 0.0f;
+                for (int64_t b = 0; b < B; ++b) {
+                    const float* xs = xspec.data() + 2 * ((b * M + k) * Ci + c);
+                    const float* gs = gspec.data() + 2 * ((b * M + k) * Co + o);
+                    capsule_fno_weight_acc(xs[0], xs[1], gs[0], gs[1], dr, di);
+                }
+                dw_re[(k * Ci + c) * Co + o] = dr;
+                dw_im[(k * Ci + c) * Co + o] = di;
+            }
+}
+
+// The rfft bins k < M of one real sequence (the analysis alone): out (M, 2).
+extern "C" void host_rfft_modes(const float* x, int64_t G, int64_t M, float* out, int32_t table) {
+    analysis(x, out, 1, G, 1, M, false, Twiddles(G, table != 0));
+}
+
+extern "C" void host_fno_twiddles(int64_t G, const int64_t* r, int64_t n, float* c, float* s, int32_t table) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (table) capsule_fno_twiddle(r[i], G, c[i], s[i]);
+        else capsule_fno_twiddle_f(r[i], G, c[i], s[i]);
+    }
+}
+
+// The turn sequence a thread walks: r_0 = 0, r_{j+1} = r_j + inc mod G.
+extern "C" void host_fno_turns(int64_t G, int64_t inc, int64_t n, int64_t* out) {
+    int64_t r = 0;
+    for (int64_t j = 0; j < n; ++j) {
+        out[j] = r;
+        r = capsule_fno_turn_step(r, inc % G, G);
+    }
+}
+
+extern "C" void host_fno_bin_scale(const float* v, const int64_t* k, int64_t n, int64_t G, float* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = capsule_fno_scale(v[i], k[i], G);
+}
