@@ -446,7 +446,9 @@ class TimedPlan(_Timed):
         super().__init__(timer)
         drv = timer.drv
         backend = timer.backend
-        sizes = {b.name: max(b.elements, 0) * np.dtype(DTYPES[b.dtype]).itemsize for b in plan.buffers}
+        aliases = getattr(plan, "aliases", {})  # outputs that are an input's memory: nothing to allocate
+        sizes = {b.name: max(b.elements, 0) * np.dtype(DTYPES[b.dtype]).itemsize for b in plan.buffers
+                 if b.name not in aliases}
         needed = sum(sizes.values())
         free = timer.free_bytes()
         if needed > 0.9 * free:
@@ -454,6 +456,8 @@ class TimedPlan(_Timed):
         pointers = {}
         try:
             for b in plan.buffers:
+                if b.name not in sizes:
+                    continue
                 a = self._alloc(sizes[b.name])
                 pointers[b.name] = int(a)
                 if b.role in ("input", "meta"):

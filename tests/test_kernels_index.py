@@ -1,0 +1,306 @@
+"""cuda/index.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
+points; its index arithmetic (cuda/index.cuh, compiled for the host) replays every launch plan on
+the host against numpy (gathers bit for bit, the sums over repeated indices under the error model,
+and bit for bit against np.add.at where a thread sums its segment in j order); the plans' sorted
+CSR order is right and the plans are legal."""
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+from capsule_core import registry
+from capsule_core.launch import plan_functions, plan_problems
+from capsule_core.ops import get_spec
+from capsule_core.ops.base import seeded_rng, validate
+from capsule_core.plans import index as plans
+from hostmath import load
+from test_kernels_view import (ARCHS, UNWRITTEN_BITS, _alloc, all_samples, bits, check_build, check_sample,
+                               check_source_signatures, compile_family, emulator, gradients, i64, plan_inputs,
+                               ptxas_report, run_plan, symbols)
+
+OPS = ("gather", "scatter_add")
+FAMILY = "index"
+SYMBOLS = symbols(OPS)
+REGISTERS_PER_SM = 65536
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    return compile_family(FAMILY, tmp_path_factory.mktemp(FAMILY))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiles_without_warnings_or_spills_with_the_declared_entries(build, arch):
+    check_build(build, arch, SYMBOLS)
+
+
+def test_source_spells_out_each_declared_signature():
+    from capsule_core.kernels import cuda_source_dir
+    check_source_signatures(cuda_source_dir() / f"{FAMILY}.cu", SYMBOLS)
+
+
+# -- the host harness -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lib(host_build_dir):
+    lib = load("index_host", host_build_dir)
+    p, i64_, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
+    signatures = {
+        "host_gather_fwd": (i32, [p, p, p] + [i64_] * 4),
+        "host_segment_sum": (i32, [p, p, p, p, p] + [i64_] * 4 + [i32]),
+        "host_segment_warp_mode": (i32, [i64_] * 4),
+        "host_scatter_add_bwd": (None, [p, p, p, p] + [i64_] * 4),
+        "host_segment": (None, [i64_, i64_, i64_, i64_, p, p]),
+        "host_gather_source": (i64_, [i64_, i64_, i64_, i64_, p, i32]),
+        "host_misaligned_accesses": (i64_, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        getattr(lib, name).restype = restype
+        getattr(lib, name).argtypes = argtypes
+    return lib
+
+
+HOST_CALLS = {
+    "capsule_gather_fwd": lambda lib, launch, a: lib.host_gather_fwd(*a),
+    "capsule_gather_bwd": lambda lib, launch, a: lib.host_segment_sum(None, *a, launch.block[0]),
+    "capsule_scatter_add_fwd": lambda lib, launch, a: lib.host_segment_sum(*a, launch.block[0]),
+    "capsule_scatter_add_bwd": lambda lib, launch, a: lib.host_scatter_add_bwd(*a),
+}
+
+
+def segment_sum(lib, src, index, base_shape, axis, base=None, block=plans.BLOCK):
+    """host_segment_sum over the plan's CSR: the sum of src's slices at each index value (plus base)."""
+    outer, size, inner = plans._axis_view(base_shape, axis)
+    order, starts = plans.csr(index, size)
+    n = outer * size * inner
+    _, out = _alloc(n, np.float32, False)
+    out.view(np.uint32)[...] = UNWRITTEN_BITS
+    src = np.ascontiguousarray(src, np.float32)
+    base_ptr = None if base is None else np.ascontiguousarray(base, np.float32).ctypes.data
+    mode = lib.host_segment_sum(base_ptr, src.ctypes.data, order.ctypes.data, starts.ctypes.data, out.ctypes.data,
+                                outer, size, inner, len(index), block)
+    return out.reshape(base_shape), mode
+
+
+# -- every sample and edge, replayed on the host ------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_plans_replayed_on_the_host_meet_the_contract(lib, op):
+    spec = get_spec(op)
+    for sample in all_samples(spec):
+        check_sample(lib, spec, sample, host_calls=HOST_CALLS)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_unaligned_buffers_take_the_scalar_paths(lib, op):
+    spec = get_spec(op)
+    for sample in all_samples(spec, ("small", "medium")):
+        check_sample(lib, spec, sample, misalign=True, host_calls=HOST_CALLS)
+
+
+@pytest.fixture(scope="module")
+def emu(host_build_dir):
+    return emulator(FAMILY, host_build_dir)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_kernels_run_unchanged_on_the_emulator(lib, emu, op):
+    """cuda/index.cu itself (warp shuffles, grid-stride loops, both sum modes) on every sample and
+    edge, then 4 bytes off alignment."""
+    spec = get_spec(op)
+    for sample in all_samples(spec):
+        check_sample(lib, spec, sample, runner=emu)
+    for sample in all_samples(spec, ("small",)):
+        check_sample(lib, spec, sample, misalign=True, runner=emu)
+
+
+def test_both_gather_paths_and_both_sum_modes_are_exercised(lib):
+    seen = set()
+    for op in OPS:
+        spec = get_spec(op)
+        for sample in all_samples(spec):
+            seen.update(check_sample(lib, spec, sample, host_calls=HOST_CALLS))
+    assert {m for s, m in seen if s == "capsule_gather_fwd"} == {0, 1}, "word and 16-byte gathers"
+    assert {m for s, m in seen if s in ("capsule_gather_bwd", "capsule_scatter_add_fwd")} == {0, 1}, "thread and warp sums"
+
+
+def test_bits_survive_gathers(lib):
+    payloads = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000], np.uint32).view(np.float32)
+    x = np.resize(payloads, (3, 6, 8))
+    for axis, index in ((1, np.array([5, 0, 0, 3, 2, 1, 4])), (2, np.array([7, 7, 1])), (0, np.array([2, 0]))):
+        spec = get_spec("gather")
+        arrays, p, _ = validate(spec, {"x": x, "index": index}, {"axis": axis}, np.float32)
+        y = run_plan(lib, HOST_CALLS, plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays, "forward"))["out"]
+        assert np.array_equal(bits(y), bits(np.take(x, index, axis=axis)))
+        spec = get_spec("scatter_add")
+        base = x
+        src = np.resize(payloads[::-1], np.take(x, index, axis=axis).shape)
+        arrays, p, _ = validate(spec, {"base": base, "index": index, "src": src}, {"axis": axis}, np.float32)
+        g = x
+        out = run_plan(lib, HOST_CALLS, plans.PLANS["scatter_add"][1](arrays, p), plan_inputs(spec, arrays, "backward", g))
+        got = gradients(spec, out)
+        assert np.array_equal(bits(got["base"]), bits(g)) and np.array_equal(bits(got["src"]), bits(np.take(g, index, axis=axis)))
+
+
+# -- the index arithmetic and the CSR order ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use32", [0, 1])
+def test_gather_source_matches_numpy(lib, use32):
+    rng = seeded_rng("index", "source")
+    for outer, size, inner, count in [(1, 5, 1, 7), (3, 4, 5, 2), (2, 1, 3, 4), (4, 7, 1, 1), (1, 3, 8, 9)]:
+        index = i64(rng.integers(0, size, count))
+        src = np.arange(outer * size * inner).reshape(outer, size, inner)
+        want = np.take(src, index, axis=1).reshape(-1)
+        got = [lib.host_gather_source(e, size, inner, count, index.ctypes.data, use32) for e in range(want.size)]
+        assert got == want.tolist()
+
+
+def test_gather_guards_an_index_out_of_range(lib):
+    """Refused on the host first; were one to reach the kernel, it writes NaN and reads nothing."""
+    index = i64([0, 5, -1, 2])
+    assert lib.host_gather_source(1, 5, 1, 4, index.ctypes.data, 0) == -1
+    assert lib.host_gather_source(2, 5, 1, 4, index.ctypes.data, 1) == -1
+    x = np.arange(5, dtype=np.float32)
+    for inner_vec in (False, True):
+        xs = np.repeat(x, 4) if inner_vec else x
+        inner = 4 if inner_vec else 1
+        _, y = _alloc(4 * inner, np.float32, False)
+        lib.host_gather_fwd(xs.ctypes.data, index.ctypes.data, y.ctypes.data, 1, 5, inner, 4)
+        y = y.reshape(4, inner)
+        assert np.isnan(y[1:3]).all() and (y[0] == 0).all() and (y[3] == 2).all()
+
+
+def test_csr_lists_each_value_in_ascending_j():
+    rng = seeded_rng("index", "csr")
+    for size, count in [(1, 0), (5, 0), (7, 100), (100, 7), (1, 50), (3, 1)]:
+        index = rng.integers(0, size, count)
+        order, starts = plans.csr(index, size)
+        assert order.dtype == starts.dtype == np.int64 and starts.shape == (size + 1,) and order.shape == (count,)
+        assert starts[0] == 0 and starts[-1] == count and (np.diff(starts) >= 0).all()
+        for s in range(size):
+            members = order[starts[s]:starts[s + 1]]
+            assert (index[members] == s).all() and (np.diff(members) > 0).all()
+            assert members.size == (index == s).sum()
+
+
+def test_segment_clamps_a_corrupt_starts_array(lib):
+    out = i64(np.zeros(3))
+    starts = i64([-5, 2, 99])
+    lib.host_segment(0, 2, 1, 4, starts.ctypes.data, out.ctypes.data)
+    assert out.tolist()[:2] == [0, 2]
+    lib.host_segment(1, 2, 1, 4, starts.ctypes.data, out.ctypes.data)
+    assert out.tolist()[:2] == [2, 4]
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_thread_sums_reproduce_np_add_at_bit_for_bit(lib, axis):
+    """Where a thread sums its segment (j order from +0), the result is np.add.at's own float32
+    accumulation, repeats included."""
+    rng = seeded_rng("index", f"add-at-{axis}")
+    shape = (3, 5, 4)
+    for count in (0, 1, 9, 60):
+        index = rng.integers(0, shape[axis], count)
+        src_shape = shape[:axis] + (count,) + shape[axis + 1:]
+        src = (rng.standard_normal(src_shape) * 10.0 ** rng.integers(-3, 4, src_shape)).astype(np.float32)
+        base = rng.standard_normal(shape).astype(np.float32)
+        for b in (None, base):
+            want = np.zeros(shape, np.float32) if b is None else b.copy()
+            np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src, axis, 0))
+            got, mode = segment_sum(lib, src, index, shape, axis, b, block=33)  # partial warps: thread mode
+            assert mode == 0
+            assert np.array_equal(bits(got), bits(want)), (count, b is None)
+
+
+@pytest.mark.parametrize("block", [32, 256, 1024])
+def test_warp_sums_of_long_segments(lib, block):
+    """One index value repeated many times (a warp per element): within the sum's error bound, and
+    the same bits on every run."""
+    rng = seeded_rng("index", f"warp-{block}")
+    for shape, axis, count in [((7, 5), 1, 1000), ((2, 3, 4), 1, 500), ((4,), 0, 4099)]:
+        index = rng.integers(0, min(2, shape[axis]), count)
+        src_shape = shape[:axis] + (count,) + shape[axis + 1:]
+        src = rng.standard_normal(src_shape).astype(np.float32)
+        got, mode = segment_sum(lib, src, index, shape, axis, block=block)
+        assert mode == 1
+        want = np.zeros(shape, np.float64)
+        np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src.astype(np.float64), axis, 0))
+        magnitude = np.zeros(shape, np.float64)
+        np.add.at(np.moveaxis(magnitude, axis, 0), index, np.moveaxis(np.abs(src.astype(np.float64)), axis, 0))
+        assert (np.abs(got - want) <= count * 2.0**-24 * magnitude + 1e-30).all()
+        again, _ = segment_sum(lib, src, index, shape, axis, block=block)
+        assert np.array_equal(bits(got), bits(again))
+
+
+def test_python_mirror_of_the_warp_mode_agrees(lib):
+    for size, inner, count, block in [(5, 1, 1000, 256), (5, 1, 159, 256), (5, 1, 160, 256), (5, 32, 10**4, 256),
+                                      (5, 31, 10**4, 256), (0, 1, 0, 256), (5, 1, 1000, 33), (129, 1, 200, 256)]:
+        assert bool(lib.host_segment_warp_mode(size, inner, count, block)) == plans.segment_warp_mode(size, inner, count, block)
+
+
+def test_special_values_sum_like_the_reference(lib):
+    """NaN and ±inf among repeated entries: NaN wins, inf + −inf is NaN, −0 alone gives +0 (the zero start)."""
+    src = np.array([[np.nan, 1.0, np.inf, -np.inf, np.inf, -0.0, 2.0]], np.float32)
+    index = np.array([0, 0, 1, 1, 2, 3, 4])
+    got, _ = segment_sum(lib, src, index, (1, 5), 1, block=33)
+    assert np.isnan(got[0, :2]).all() and got[0, 2] == np.inf
+    assert bits(got[0, 3:4])[0] == 0 and got[0, 4] == 2.0
+
+
+# -- plans ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_plans_are_legal_for_every_sample(op):
+    spec = get_spec(op)
+    capsule = registry.lookup(op)
+    assert plan_functions(capsule) == plans.PLANS[op]
+    syms = {r.symbol: r for r in capsule.symbols}
+    for sample in all_samples(spec):
+        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+        fwd, bwd = plans.PLANS[op][0](arrays, p), plans.PLANS[op][1](arrays, p)
+        for arch in ARCHS:
+            for plan in (fwd, bwd):
+                assert plan_problems(plan, syms, arch) == [], f"{op} {plan.direction} {sample.summary()}"
+        assert dict(fwd.output_shapes) == {"out": out_shape}
+        want = {f"d{t.name}": arrays[t.name].shape for t in spec.inputs if t.differentiable}
+        assert dict(bwd.output_shapes) == want
+        inputs = {b.name for b in fwd.buffers if b.role == "input"}
+        assert inputs <= {t.name for t in spec.inputs}
+
+
+def test_launches_fit_the_registers(build):
+    for arch in ARCHS:
+        report = ptxas_report(build[arch][0].stderr)
+        for op in OPS:
+            spec = get_spec(op)
+            for sample in all_samples(spec):
+                arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
+                for plan_fn in plans.PLANS[op]:
+                    for launch in plan_fn(arrays, p).launches:
+                        registers = -(-report[launch.symbol][0] // 8) * 8
+                        assert launch.block[0] * registers <= REGISTERS_PER_SM
+
+
+def test_planted_launch_faults_are_caught():
+    spec = get_spec("gather")
+    arrays, p, _ = validate(spec, {"x": np.zeros((6, 4), np.float32), "index": np.array([1, 1, 5])}, {"axis": 0}, np.float32)
+    plan = plans.PLANS["gather"][1](arrays, p)
+    syms = symbols(["gather"])
+    (launch,) = plan.launches
+
+    def problems(**changes):
+        return plan_problems(dataclasses.replace(plan, launches=(dataclasses.replace(launch, **changes),)), syms)
+
+    assert plan_problems(plan, syms) == []
+    assert any("2048 threads" in m for m in problems(block=(2048, 1, 1)))
+    assert any("7 arguments for 8" in m for m in problems(args=launch.args[:7]))
+    assert any("order is int64_t* but buffer g holds float32" in m for m in problems(args=("g", "g", *launch.args[2:])))
+    assert any("dx is float* but buffer starts holds int64" in m for m in problems(args=(*launch.args[:3], "starts", *launch.args[4:])))
+    assert any("writable but buffer g" in m for m in problems(args=(*launch.args[:3], "g", *launch.args[4:])))
+    short = dataclasses.replace(plan, host_data={**plan.host_data, "starts": plan.host_data["starts"][:-1]})
+    assert any("meta buffer starts" in m for m in plan_problems(short, syms))

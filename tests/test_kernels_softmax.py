@@ -1,0 +1,255 @@
+"""cuda/softmax.cu without a GPU: the build, the registry's entry points, the launch plans, the
+per-element math of cuda/softmax.cuh compiled for the host, and the kernels themselves run on the
+CPU emulator, each against the float64 reference under the op's error model."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from capsule_core import reference, registry
+from capsule_core.launch import Launch, plan_problems
+from capsule_core.numerics import compare
+from capsule_core.ops import get_spec
+from capsule_core.ops.base import shapes_of, validate
+from capsule_core.plans import softmax as plans
+from family_checks import build_all, capsules, cases, cotangent, emulated_problems, plan_case_problems, symbol_problems
+from hostmath import f32_ptr, load
+from kernel_emu import PlanRunner, compiler
+
+OPS = ("log_softmax", "softmax", "hard_masked_softmax")
+CODES = {"softmax": 0, "log_softmax": 1, "hard_masked_softmax": 2}
+NAN, INF = np.nan, np.inf
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("softmax-nvcc"))
+    return build_all("softmax", folder)
+
+
+@pytest.fixture(scope="module")
+def lib(host_build_dir):
+    lib = load("softmax_host", host_build_dir)
+    p = ctypes.POINTER(ctypes.c_float)
+    lib.host_softmax_rows.argtypes = [ctypes.c_int, p, p, p, ctypes.c_int64, ctypes.c_int64]
+    lib.host_softmax_grad_rows.argtypes = [ctypes.c_int, p, p, p, ctypes.c_int64, ctypes.c_int64]
+    lib.host_softmax_path.argtypes = [ctypes.c_int64, ctypes.c_int64] + [ctypes.POINTER(ctypes.c_int)] * 3
+    lib.host_softmax_group_cols.restype = ctypes.c_int64
+    lib.host_row_split.argtypes = [ctypes.c_uint64, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+    return lib
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    if compiler() is None:
+        pytest.skip("no C++ compiler (g++) for the emulator")
+    return PlanRunner("softmax", str(tmp_path_factory.mktemp("softmax-emu")))
+
+
+# -- build and entry points ---------------------------------------------------------------------
+
+
+def test_builds_without_warnings_or_spills(builds):
+    for arch, b in builds.items():
+        assert b.warnings == [], f"{arch}: {b.warnings}"
+        names = {r.symbol for c in capsules("softmax") for r in c.symbols}
+        assert names <= set(b.resources), f"{arch}: no ptxas report for {names - set(b.resources)}"
+        for name in names:
+            r = b.resources[name]
+            assert r.spill_stores == r.spill_loads == r.stack_bytes == 0, f"{name} ({arch}) spills: {r}"
+            assert r.registers * plans.THREADS * 4 <= 65536, f"{name} ({arch}): {r.registers} registers"
+
+
+def test_ptx_entries_match_the_registry(builds):
+    assert symbol_problems("softmax", builds) == []
+    assert {c.op.value for c in capsules("softmax")} == set(OPS)
+
+
+# -- launch plans ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_plans_are_legal_for_every_sample_and_edge(op):
+    assert plan_case_problems(op) == []
+
+
+def test_planted_plan_faults_are_caught():
+    capsule = registry.lookup("softmax")
+    symbols = {r.symbol: r for r in capsule.symbols}
+    x = np.zeros((4, 7), np.float32)
+    plan = plans.PLANS["softmax"][0]({"x": x}, {})
+    assert plan_problems(plan, symbols) == []
+    launch = plan.launches[0]
+    wide = plan.__class__(plan.op, plan.direction, plan.buffers,
+                          (Launch(launch.symbol, launch.grid, (2048, 1, 1), launch.args),), output_shapes=plan.output_shapes)
+    assert any("2048 threads" in p for p in plan_problems(wide, symbols))
+    short = plan.__class__(plan.op, plan.direction, plan.buffers,
+                           (Launch(launch.symbol, launch.grid, launch.block, launch.args[:-1]),), output_shapes=plan.output_shapes)
+    assert any("3 arguments for 4" in p for p in plan_problems(short, symbols))
+    swapped = plan.__class__(plan.op, plan.direction, plan.buffers,
+                             (Launch(launch.symbol, launch.grid, launch.block, ("out", "x", 4, 7)),), output_shapes=plan.output_shapes)
+    assert any("writable but buffer x" in p for p in plan_problems(swapped, symbols))
+
+
+def test_plans_use_the_kernels_block_and_size_the_grid_by_path():
+    for op in OPS:
+        for sample in cases(op):
+            arrays, params, _ = validate(get_spec(op), sample.inputs, sample.params, np.float32)
+            for function in plans.PLANS[op]:
+                for launch in function(arrays, params).launches:
+                    assert launch.block == (plans.THREADS, 1, 1)
+    assert plans.grid(1000, 7, plans.GROUP_COLS) == (-(-1000 // 256), 1, 1)  # 4 groups a warp, 8 rows each
+    assert plans.grid(1000, 100, plans.GROUP_COLS) == (-(-1000 // 16), 1, 1)  # a warp per row, 2 at a time
+    assert plans.grid(1000, 1000, plans.GROUP_COLS) == (125, 1, 1)           # a warp per row
+    assert plans.grid(1000, 4097, plans.GROUP_COLS) == (1000, 1, 1)          # a block per row
+    assert plans.grid(10**7, 4097, plans.GROUP_COLS) == (plans.MAX_BLOCKS, 1, 1)
+    assert plans.grid(0, 5, plans.GROUP_COLS) == (1, 1, 1)
+
+
+def test_python_mirror_of_the_path_choice_matches_the_header(lib):
+    assert lib.host_softmax_threads() == plans.THREADS
+    assert lib.host_softmax_group_cols(0) == plans.GROUP_COLS and lib.host_softmax_group_cols(1) == plans.GRAD_GROUP_COLS
+    lanes, values, batch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    for cols in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024, 1025, 4097]:
+        for group_cols in (plans.GROUP_COLS, plans.GRAD_GROUP_COLS):
+            lib.host_softmax_path(cols, group_cols, ctypes.byref(lanes), ctypes.byref(values), ctypes.byref(batch))
+            if cols > group_cols:
+                assert (lanes.value, values.value, batch.value) == (0, 0, 0)
+            else:
+                assert (lanes.value, values.value, batch.value) == (plans.lanes(cols), plans.values(cols), plans.batch(cols))
+                assert lanes.value * values.value >= cols and (values.value == 1 or lanes.value * values.value < 2 * cols)
+
+
+def test_row_split_covers_the_row_with_aligned_vectors(lib):
+    out = (ctypes.c_int64 * 2)()
+    for addr in range(4096, 4096 + 32, 4):
+        for length in (0, 1, 2, 3, 4, 5, 7, 8, 13, 100):
+            lib.host_row_split(addr, length, 1, out)
+            head, body4 = out[0], out[1]
+            assert 0 <= head <= min(3, length) and 0 <= length - head - 4 * body4 < 4
+            if head < length:
+                assert (addr + 4 * head) % 16 == 0
+            lib.host_row_split(addr, length, 0, out)
+            assert (out[0], out[1]) == (length, 0)
+    lib.host_row_split(4098, 10, 1, out)
+    assert (out[0], out[1]) == (10, 0)
+
+
+# -- per-element math on the host ----------------------------------------------------------------
+
+
+def _host_forward(lib, op, x, mask=None):
+    x = np.ascontiguousarray(x, np.float32)
+    rows, cols = plans.rows_and_cols(x.shape)
+    m = np.ascontiguousarray(mask if mask is not None else np.ones_like(x), np.float32)
+    y = np.empty_like(x)
+    lib.host_softmax_rows(CODES[op], f32_ptr(x), f32_ptr(m), f32_ptr(y), rows, cols)
+    return y
+
+
+def _host_backward(lib, op, y, g):
+    y, g = np.ascontiguousarray(y, np.float32), np.ascontiguousarray(g, np.float32)
+    rows, cols = plans.rows_and_cols(y.shape)
+    dx = np.empty_like(y)
+    lib.host_softmax_grad_rows(CODES[op], f32_ptr(y), f32_ptr(g), f32_ptr(dx), rows, cols)
+    return dx
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_host_math_matches_the_reference_forward_and_backward(lib, op):
+    spec = get_spec(op)
+    for sample in cases(op, ("small", "medium")):
+        arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
+        n = spec.error.length(shapes_of(arrays), params)
+        y = _host_forward(lib, op, arrays["x"], arrays.get("mask"))
+        r = reference.forward(op, sample.inputs)
+        result = compare(y, r, reference.magnitude(op, sample.inputs), spec.error, n, sample.worst_case)
+        assert result.passed, f"{op} {sample.summary()}: {result.reason}"
+        g = cotangent(op, sample.case, r.shape)
+        dx = _host_backward(lib, op, y, g)
+        model = spec.vjp_error_for("x")
+        result = compare(dx, reference.vjp(op, sample.inputs, g)["x"], reference.vjp_magnitude(op, sample.inputs, g)["x"],
+                         model, model.length(shapes_of(arrays), params), sample.worst_case)
+        assert result.passed, f"{op} dx {sample.summary()}: {result.reason}"
+
+
+def test_host_masked_rule_blocked_entries_are_exact_zeros_and_never_read(lib):
+    x = np.float32([[NAN, 1.0, INF, 2.0], [NAN, NAN, INF, -INF], [-INF, -INF, 5.0, 1.0], [1.0, NAN, 2.0, 3.0]])
+    mask = np.float32([[0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 1]])
+    y = _host_forward(lib, "hard_masked_softmax", x, mask)
+    r = reference.forward("hard_masked_softmax", {"x": x, "mask": mask})
+    e = np.exp(np.float32([1.0, 2.0]) - np.float32(2.0))
+    assert y[0, 0] == 0 and y[0, 2] == 0 and np.allclose(y[0, [1, 3]], e / e.sum(), rtol=1e-6)
+    assert np.array_equal(y[1], np.zeros(4)) and np.array_equal(y[2], np.zeros(4))  # nothing allowed, all -inf allowed
+    assert np.isnan(y[3]).all() and np.isnan(r[3]).all()  # an allowed NaN poisons the row, as in the reference
+    assert not np.signbit(y[:3]).any()
+    g = np.float32([[1.0, 2.0, 3.0, 4.0]] * 4)
+    dx = _host_backward(lib, "hard_masked_softmax", y, g)
+    assert dx[0, 0] == 0 and dx[0, 2] == 0 and np.array_equal(dx[1], np.zeros(4))
+
+
+def test_host_nan_and_inf_rows_follow_the_reference(lib):
+    x = np.float32([[1.0, NAN, 2.0], [1.0, INF, 2.0], [-INF, -INF, -INF], [-INF, 0.0, 1.0], [3e38, -3e38, 3e38]])
+    for op in ("softmax", "log_softmax"):
+        y = _host_forward(lib, op, x)
+        with np.errstate(over="ignore"):
+            r = reference.forward(op, {"x": x}).astype(np.float32)  # -6e38 is -inf in float32
+        assert np.array_equal(np.isnan(y), np.isnan(r)), op
+        assert np.array_equal(np.isinf(y), np.isinf(r)) and np.array_equal(y[np.isinf(y)], r[np.isinf(r)]), op
+
+
+# -- the kernels on the CPU emulator --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_emulated_kernels_match_the_reference(emulator, op):
+    problems = []
+    for sample in cases(op, ("small", "medium")):
+        problems += emulated_problems(emulator, op, sample)
+    assert problems == []
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_emulated_kernels_large_samples(emulator, op):
+    spec = get_spec(op)
+    from capsule_core.ops.base import seeded_rng
+    problems = []
+    for sample in spec.samples("large", seeded_rng(op, "large"))[1:]:  # (256, 4097): the block path
+        problems += emulated_problems(emulator, op, sample)
+    assert problems == []
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_emulated_kernels_with_misaligned_buffers(emulator, op):
+    """Rows whose buffers are not equally aligned take the scalar path; equally misaligned rows
+    the head/body/tail split."""
+    problems = []
+    for sample in cases(op, ())[-4:]:
+        for misalign in ({"x": 1, "out": 2, "g": 3, "dx": 1}, {"x": 1, "mask": 1, "out": 1, "g": 1, "dx": 1}):
+            problems += emulated_problems(emulator, op, sample, misalign)
+    assert problems == []
+
+
+def test_emulated_kernels_are_deterministic(emulator):
+    x = (3.0 * np.random.default_rng(5).standard_normal((9, 2500))).astype(np.float32)
+    plan = plans.PLANS["softmax"][0]({"x": x}, {})
+    first = emulator.run(plan, {"x": x})["out"]
+    again = emulator.run(plan, {"x": x})["out"]
+    assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_emulated_kernels_find_the_true_row_maximum(emulator, op):
+    """Softmax is shift-invariant, so a wrong maximum shows only through overflow: rows with one
+    logit 200 above the rest (e^200 overflows float32) at every lane and warp position."""
+    from capsule_core.ops.base import Sample
+    rng = np.random.default_rng(17)
+    problems = []
+    for cols in (5, 33, 1000, 2500, 4097):
+        rows = 64
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        x[np.arange(rows), rng.integers(0, cols, rows)] = 200.0
+        inputs = {"x": x, "mask": np.ones_like(x)} if op == "hard_masked_softmax" else {"x": x}
+        problems += emulated_problems(emulator, op, Sample(inputs, {}, f"spike-{cols}", True))
+    assert problems == []
