@@ -84,8 +84,8 @@ def expected_ptx_type(declared: str) -> str:
 
 
 def _source_declares(ref: NativeSymbolRef, text: str) -> bool:
-    return re.search(rf'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+{ref.symbol}\s*\(',
-                     text) is not None
+    bounds = r"(?:__launch_bounds__\([^)]*\)\s+)?"
+    return re.search(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}{ref.symbol}\s*\(', text) is not None
 
 
 def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:

@@ -167,3 +167,13 @@ def test_check_json_for_one_capsule():
 def test_check_refuses_reference_capsules_and_unknown_names():
     assert CliRunner().invoke(app, ["check", "reference.relu"]).exit_code == 2
     assert CliRunner().invoke(app, ["check", "relux"]).exit_code == 2
+
+
+@pytest.mark.parametrize("text", [
+    'extern "C" __global__ void capsule_tiny_fwd(const float* x)',
+    'extern "C" __global__ __launch_bounds__(256, 2) void capsule_tiny_fwd(const float* x)',
+    'extern "C" __global__ void __launch_bounds__(512, 1)\ncapsule_tiny_fwd(const float* x)',
+])
+def test_source_declarations_with_launch_bounds_are_found(text):
+    assert check_engine._source_declares(DECLARED, text)
+    assert not check_engine._source_declares(DECLARED, text.replace("capsule_tiny_fwd", "capsule_tiny_fwd2"))
