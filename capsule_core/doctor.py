@@ -14,6 +14,8 @@ PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis"
 NEEDS = {
     "list": (), "show": (), "export": (), "select": (), "doctor": (), "check": ("nvcc",),
     "verify --backend numpy": (), "verify --backend cuda": ("gpu",),
+    "fuzz --backend numpy": (), "fuzz --backend cuda": ("gpu",),
+    "bench --backend numpy": (), "bench --backend cuda": ("gpu",),
 }
 """Command name to what it needs: "nvcc", "gpu". Commands that need nothing run everywhere."""
 

@@ -359,6 +359,13 @@ def doctor():
                         headers=("command", "can run", "why not"), tablefmt="simple"))
 
 
+from cli.bench_command import bench  # noqa: E402
+app.command()(bench)
+
+from cli.fuzz_command import fuzz  # noqa: E402
+app.command()(fuzz)
+
+
 def main():
     """Console-script entry point: library errors become one line and an exit code, never a traceback."""
     try:

@@ -1,0 +1,158 @@
+"""`capsules bench`: parse the options, run capsule_core.bench, write what capsule_core.report renders.
+
+Kept light at import time: numpy, the engine and the backends load inside the command.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+class BenchBackend(str, Enum):
+    cuda = "cuda"
+    numpy = "numpy"
+
+
+class BaselineOption(str, Enum):
+    torch = "torch"
+    cupy = "cupy"
+    numpy = "numpy"
+    none = "none"
+
+
+def _write(path: Path, text: str, what: str) -> str | None:
+    try:
+        path.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        return f"{what}: cannot write {path}: {exc.strerror}"
+    return None
+
+
+def bench(
+    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
+    size: Annotated[str, typer.Option(help="small, medium, large, a byte count moved per call (256MB, 1GiB), or auto: "
+                                           "large on the CPU, grown to 4x the L2 on a GPU.")] = "auto",
+    backend: Annotated[Optional[BenchBackend], typer.Option(help="Default: cuda when a GPU answers, else numpy "
+                                                                 "(said in one line).")] = None,
+    device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
+    cold: Annotated[bool, typer.Option("--cold", help="Flush the L2 (the CPU's last-level cache on numpy) "
+                                                      "before every timed call, outside the timed region.")] = False,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/bench-schema.md).")] = None,
+    csv_file: Annotated[Optional[Path], typer.Option("--csv", help="Write one CSV row per case.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as Markdown.")] = False,
+    compare: Annotated[Optional[Path], typer.Option("--compare", help="An earlier --json report: mark regressions, "
+                                                                      "exit 1 on any.")] = None,
+    threshold: Annotated[str, typer.Option(help="Slowdown beyond which --compare calls a regression, beyond the "
+                                                "noise: the new first quartile over the old third quartile.")] = "5%",
+    baseline: Annotated[Optional[list[BaselineOption]], typer.Option(
+        help="Baseline library; repeat for several (default: every one that can run here; none for none).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw a roofline PNG (needs matplotlib: the plot extra).")] = None,
+    noise: Annotated[str, typer.Option(help="Stop sampling when the IQR falls under this share of the median.")] = "2%",
+    min_samples: Annotated[int, typer.Option(min=1, help="Samples before the noise test applies.")] = 10,
+    max_time: Annotated[float, typer.Option(min=0.001, help="Seconds of sampling per measurement before giving up "
+                                                            "on the noise target.")] = 0.5,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Warm-up per measurement, in milliseconds.")] = 25.0,
+    seed: Annotated[int, typer.Option(help="Seed of the sample inputs.")] = 0,
+):
+    """Time kernels: median and spread, GB/s and GFLOP/s, % of the device's measured peak, beside baselines.
+
+    CUDA events through the cuda backend (wall-clock timers on the numpy provider), a warm-up,
+    then samples until the IQR is under --noise of the median or --max-time passes; --cold
+    flushes the L2 outside each timed call. Bytes and flops come from the cost models; the copy
+    bandwidth and FMA throughput are measured once per run, and each kernel is shown as a share
+    of the one that bounds it. Baseline ratios: PyTorch and CuPy on the same GPU, numpy on the
+    CPU, only where they compute the same thing (the rest are listed with the reason).
+    Exit 0; 1 on a regression under --compare or a kernel that failed; 2 usage; 3 missing GPU or matplotlib.
+
+    Example: capsules bench relu softmax matmul --backend numpy --json out.json
+    """
+    import importlib.util
+
+    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, _progress, fail
+    from capsule_core import __version__
+    from capsule_core.errors import EnvironmentMissing, UnknownNameError
+
+    if not names and not all_:
+        raise fail("NAME: give capsule names or --all", EXIT_USAGE)
+    from capsule_core import native_cuda, registry
+    try:
+        capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    foreign = [c.name for c in capsules if c.module != "native_cuda"]
+    if foreign:
+        raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules", EXIT_USAGE)
+
+    from capsule_core import bench as engine
+    from capsule_core import report
+    try:
+        chosen_size = engine.parse_size(size)
+        rule = engine.StoppingRule(noise=engine.parse_percent(noise, "--noise"), min_samples=min_samples,
+                                   max_time_s=max_time, warmup_ms=warmup)
+        limit = engine.parse_percent(threshold, "--threshold")
+    except ValueError as exc:
+        message = str(exc)
+        raise fail(message if message.startswith("--") else f"--size: {message}", EXIT_USAGE)
+    requested = [b.value for b in baseline or ()]
+    if "none" in requested and len(requested) > 1:
+        raise fail("--baseline: none cannot be combined with a library", EXIT_USAGE)
+    libraries = () if requested == ["none"] else tuple(requested) or engine.twins_table.BASELINES
+    previous = None
+    if compare is not None:
+        try:
+            previous = engine.load_previous(compare)
+        except engine.CompareError as exc:
+            raise fail(str(exc), EXIT_USAGE)
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise fail("--plot needs matplotlib: pip install 'capsules[plot]' (or pip install matplotlib)", EXIT_ENVIRONMENT)
+    for name in requested:
+        if name in ("torch", "cupy") and importlib.util.find_spec(name) is None:
+            raise fail(f"--baseline {name}: {name} is not installed here (pip install {name if name == 'torch' else 'cupy-cuda12x'})",
+                       EXIT_ENVIRONMENT)
+
+    from capsule_core.backends.select import resolve
+    try:
+        chosen, note = resolve(backend.value if backend else "auto", device)
+    except EnvironmentMissing as exc:
+        raise fail(str(exc), EXIT_ENVIRONMENT)
+    if "cupy" in requested and chosen.name != "cuda":
+        raise fail("--baseline cupy: CuPy runs on a GPU and this run is on the CPU (numpy backend)", EXIT_ENVIRONMENT)
+    typer.echo(note, err=True)
+    try:
+        bench_device = engine.device_for(chosen)
+    except EnvironmentMissing as exc:
+        raise fail(str(exc), EXIT_ENVIRONMENT)
+    settings = engine.Settings(chosen_size, cold, rule, libraries, seed)
+
+    with _progress(len(capsules), "bench") as bar:
+        task = bar.add_task("bench", total=len(capsules)) if bar else None
+
+        def progress(done: int, total: int, label: str):
+            if bar:
+                bar.update(task, total=total, completed=done, description=label)
+        result = engine.run(capsules, bench_device, settings, note, progress=progress)
+    if previous is not None:
+        result.comparison = engine.compare(previous, result, limit, str(compare))
+
+    problems = []
+    if json_file is not None:
+        import json
+        problems.append(_write(json_file, json.dumps(report.bench_record(result, __version__), indent=2), "--json"))
+    if csv_file is not None:
+        problems.append(_write(csv_file, report.bench_csv(result), "--csv"))
+    if plot is not None:
+        try:
+            report.write_roofline(result, plot)
+        except OSError as exc:
+            problems.append(f"--plot: cannot write {plot}: {exc.strerror}")
+    typer.echo(report.render_bench(result, markdown=markdown))
+    for problem in filter(None, problems):
+        typer.echo(f"capsules: error: {problem}", err=True)
+    if any(problems):
+        raise typer.Exit(EXIT_ENVIRONMENT)
+    raise typer.Exit(result.exit_code)
