@@ -12,7 +12,9 @@ so x − μ is off by c·u·(|x| + A); the variance, eps add, sqrt and division 
 ≤ c·u·(1 + A/s) (the A/s part is the first-order effect of the mean's error on a Welford-style
 variance; two-pass is second order there). Hence M(x̂) = (|x| + A)/s + (1 + A/s)·|x̂| and
 M(y) = |gamma|·M(x̂) + |beta|. A one-pass variance is off by ~c·u·A²/s² relative, which for
-offset rows exceeds this bound by the factor A/s.
+offset rows exceeds this bound by the factor A/s. On subnormal inputs the mean's roundings are
+absolute (≤ 2⁻¹⁴⁹ = 2·u·2⁻¹²⁶ each) and 1/s amplifies them, so M(x̂) also carries 2·2⁻¹²⁶/s
+(the design's absolute term, applied where subnormals enter rather than only at the output).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ParamError, ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Param, Sample, Tensor, f32, numel,
+from .base import (TINY, Accumulation, Cost, ErrorCase, OpSpec, Param, Sample, Tensor, f32, numel,
                    require_rank, seeded_rng)
 
 EPS = Param("eps", "float", default=1e-6, doc="added to the variance; > 0 as float32")
@@ -91,7 +93,8 @@ def _error_terms(x, layout: _Layout, eps):
     x = np.asarray(x, dtype=np.float64)
     xhat, s = _normalise(x, layout, eps)
     offset = _mean(np.abs(x), layout.stat_axes(x.ndim)) / s
-    return xhat, s, offset, (np.abs(x) / s + offset) + (1.0 + offset) * np.abs(xhat)
+    subnormal = 2.0 * TINY / s
+    return xhat, s, offset, (np.abs(x) / s + offset) + (1.0 + offset) * np.abs(xhat) + subnormal
 
 
 def _magnitude(layout: _Layout):
