@@ -106,8 +106,7 @@ __device__ __forceinline__ void channel_sums(const float* __restrict__ g, float*
     const bool vec = positions % 4 == 0 && aligned16(g);
     for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
         float s = channel_partial(g, n, channels, positions, c, tid, kSumThreads, vec);
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) s = add_rn(s, __shfl_xor_sync(0xffffffffu, s, offset));
+        s = capsule::group_sum_rn<32>(s);
         if (tid % 32 == 0) warp_sums[tid / 32] = s;
         __syncthreads();
         if (tid == 0) {
@@ -124,9 +123,9 @@ __device__ __forceinline__ void split_sums(const float* __restrict__ partial, fl
     int64_t tail = 0;
     if (count % 4 == 0 && aligned16(partial) && aligned16(dw)) {
         CAPSULE_GRID_STRIDE(v, count / 4) {
-            float4 s = ld4(partial, v);
+            float4 s = load4(partial, v);
             for (int64_t k = 1; k < splits; ++k) {
-                const float4 x = ld4(partial + k * count, v);
+                const float4 x = load4(partial + k * count, v);
                 s = make_float4(add_rn(s.x, x.x), add_rn(s.y, x.y), add_rn(s.z, x.z), add_rn(s.w, x.w));
             }
             reinterpret_cast<float4*>(dw)[v] = s;

@@ -21,46 +21,13 @@ namespace capsule_cp {
 
 // -- scalar helpers ---------------------------------------------------------------------------
 
-CAPSULE_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-CAPSULE_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-
-CAPSULE_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-CAPSULE_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
-// a·b + c with one rounding, on both sides (glibc's fmaf is correctly rounded).
-CAPSULE_HD float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fmaf(a, b, c);
-#endif
-}
+using capsule::add_rn;
+using capsule::aligned16;
+using capsule::div_rn;
+using capsule::fma_rn;
+using capsule::load4;
+using capsule::mul_rn;
+using capsule::sub_rn;
 
 CAPSULE_HD float quiet_nan() {
 #if defined(__CUDA_ARCH__)
@@ -71,29 +38,12 @@ CAPSULE_HD float quiet_nan() {
 }
 
 // A read-only load: through the read-only data cache on the device.
-CAPSULE_HD float ld(const float* p, int64_t i) {
-#if defined(__CUDA_ARCH__)
-    return __ldg(p + i);
-#else
-    return p[i];
-#endif
-}
-
-// Four floats from a 16-byte aligned p + 4v.
-CAPSULE_HD float4 ld4(const float* p, int64_t v) {
-#if defined(__CUDA_ARCH__)
-    return __ldg(reinterpret_cast<const float4*>(p) + v);
-#else
-    return reinterpret_cast<const float4*>(p)[v];
-#endif
-}
+CAPSULE_HD float ld(const float* p, int64_t i) { return capsule::ldg(p + i); }
 
 // Two floats as one 8-byte shared-memory access.
 struct alignas(8) Float2 {
     float x, y;
 };
-
-CAPSULE_HD bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // a / b for a >= 0, b > 0: a 32-bit division when both fit (a 64-bit one costs several times more).
 CAPSULE_HD int64_t quot(int64_t a, int64_t b) {
@@ -667,7 +617,7 @@ CAPSULE_HD float channel_partial(const float* g, int64_t n, int64_t channels, in
         const int64_t per = positions / 4;
         for (int64_t v = tid; v < n * per; v += threads) {
             const int64_t b = quot(v, per);
-            const float4 x = ld4(g + (b * channels + c) * positions, v - b * per);
+            const float4 x = load4(g + (b * channels + c) * positions, v - b * per);
             s = add_rn(add_rn(add_rn(add_rn(s, x.x), x.y), x.z), x.w);
         }
         return s;

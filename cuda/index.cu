@@ -5,15 +5,8 @@
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ int64_t thread_index() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__device__ __forceinline__ int64_t thread_count() {
-    return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+using capsule::thread_count;
+using capsule::thread_index;
 
 // y (outer, count, inner) = x[o, index[j], i]; with inner a multiple of 4 on aligned buffers, in 16-byte vectors.
 template <typename I>
@@ -80,8 +73,8 @@ __device__ __forceinline__ void segment_warps(const float* __restrict__ base, co
     for (int64_t e = thread_index() / 32; e < n; e += thread_count() / 32) {
         const CapsuleSegment seg = capsule_segment<I>(static_cast<I>(e), static_cast<I>(size), static_cast<I>(inner), count, starts);
         float acc = capsule_segment_sum(0.0f, src, order, seg, inner, count, lane, 32);
-        for (int d = 16; d > 0; d >>= 1) acc = capsule_add_rn(acc, __shfl_xor_sync(kFullMask, acc, d));
-        if (lane == 0) out[e] = base ? capsule_add_rn(base[e], acc) : acc;
+        acc = capsule::group_sum_rn<32>(acc);
+        if (lane == 0) out[e] = base ? capsule::add_rn(base[e], acc) : acc;
     }
 }
 

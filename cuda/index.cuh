@@ -68,7 +68,7 @@ CAPSULE_HD float capsule_segment_sum(float acc, const float* src, const int64_t*
                                      int64_t inner, int64_t count, int64_t lane, int64_t step) {
     for (int64_t k = seg.lo + lane; k < seg.hi; k += step) {
         const int64_t t = capsule_segment_term(seg, order[k], inner, count);
-        if (t >= 0) acc = capsule_add_rn(acc, src[t]);
+        if (t >= 0) acc = capsule::add_rn(acc, src[t]);
     }
     return acc;
 }

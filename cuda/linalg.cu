@@ -38,22 +38,16 @@ __device__ __forceinline__ void gemm(const Gemm& g, const Epi& epi) {
     }
 }
 
-// Sum over the warp, by xor butterfly: every lane ends with the same bits (IEEE addition commutes).
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32): warp sums, then warp 0 sums those in warp
-// order. The result is valid in thread 0; `scratch` holds 32 doubles and may be reused at once.
+// Sum over the block (blockDim.x a multiple of 32): warp sums (capsule::group_sum), then warp 0
+// sums those in warp order. The result is valid in thread 0; `scratch` holds 32 doubles and may
+// be reused at once.
 __device__ __forceinline__ double block_sum(double v, double* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = capsule::group_sum<32>(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    if (warp == 0) v = warp_sum(lane < warps ? scratch[lane] : 0.0);
+    if (warp == 0) v = capsule::group_sum<32>(lane < warps ? scratch[lane] : 0.0);
     return v;
 }
 
@@ -147,8 +141,8 @@ extern "C" __global__ __launch_bounds__(1024) void capsule_mse_loss_fwd(const fl
 // dpred = (pred − target)·(g·(2/n)), dtarget = −dpred: float4 when every buffer is aligned.
 extern "C" __global__ __launch_bounds__(1024) void capsule_mse_loss_bwd(const float* __restrict__ pred, const float* __restrict__ target, const float* __restrict__ g, float* __restrict__ dpred, float* __restrict__ dtarget, int64_t n) {
     const float scale = mse_grad_scale(ldg(g), n);
-    const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t first = capsule::thread_index();
+    const int64_t step = capsule::thread_count();
     int64_t rest = 0;
     if (aligned16(pred) && aligned16(target) && aligned16(dpred) && aligned16(dtarget)) {
         rest = n / 4 * 4;

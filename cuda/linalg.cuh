@@ -21,61 +21,18 @@ namespace capsule_la {
 
 // -- single roundings and memory access, device intrinsics or their host equivalents -----------
 
-CAPSULE_HD float fma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fmaf(a, b, c);
-#endif
-}
-
-CAPSULE_HD double fma_rn(double a, double b, double c) {
-#if defined(__CUDA_ARCH__)
-    return __fma_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
-
-CAPSULE_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-CAPSULE_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-
-CAPSULE_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-CAPSULE_HD bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+using capsule::add_rn;
+using capsule::aligned16;
+using capsule::fma_rn;
+using capsule::ldg;
+using capsule::mul_rn;
+using capsule::sub_rn;
 
 CAPSULE_HD int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 CAPSULE_HD int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// Read-only global loads (the non-coherent path on the device).
-CAPSULE_HD float ldg(const float* p) {
-#if defined(__CUDA_ARCH__)
-    return __ldg(p);
-#else
-    return *p;
-#endif
-}
-
+// Four read-only global floats from an aligned address (the non-coherent path on the device).
 CAPSULE_HD void ldg4(const float* p, float v[4]) {
 #if defined(__CUDA_ARCH__)
     const float4 t = __ldg(reinterpret_cast<const float4*>(p));

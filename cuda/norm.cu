@@ -24,37 +24,34 @@
 
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
+using capsule::aligned16;
+using capsule::group_sum;
+using capsule::kFullMask;
+using capsule::load4;
+using capsule::store4;
+
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr int64_t kWarpRowMax = 256;  // longest row a warp keeps in registers (8 floats a lane)
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-    return v;
-}
 
 __device__ __forceinline__ CapsuleWelford shfl_xor(const CapsuleWelford& w, int o) {
     CapsuleWelford r;
-    r.n = __shfl_xor_sync(kFull, static_cast<long long>(w.n), o);
-    r.mean = __shfl_xor_sync(kFull, w.mean, o);
-    r.m2 = __shfl_xor_sync(kFull, w.m2, o);
+    r.n = __shfl_xor_sync(kFullMask, static_cast<long long>(w.n), o);
+    r.mean = __shfl_xor_sync(kFullMask, w.mean, o);
+    r.m2 = __shfl_xor_sync(kFullMask, w.m2, o);
     return r;
 }
 
 __device__ __forceinline__ CapsuleComoment shfl_xor(const CapsuleComoment& w, int o) {
     CapsuleComoment r;
-    r.n = __shfl_xor_sync(kFull, static_cast<long long>(w.n), o);
-    r.mean_x = __shfl_xor_sync(kFull, w.mean_x, o);
-    r.m2 = __shfl_xor_sync(kFull, w.m2, o);
-    r.mean_g = __shfl_xor_sync(kFull, w.mean_g, o);
-    r.cxg = __shfl_xor_sync(kFull, w.cxg, o);
-    r.sum_g = __shfl_xor_sync(kFull, w.sum_g, o);
+    r.n = __shfl_xor_sync(kFullMask, static_cast<long long>(w.n), o);
+    r.mean_x = __shfl_xor_sync(kFullMask, w.mean_x, o);
+    r.m2 = __shfl_xor_sync(kFullMask, w.m2, o);
+    r.mean_g = __shfl_xor_sync(kFullMask, w.mean_g, o);
+    r.cxg = __shfl_xor_sync(kFullMask, w.cxg, o);
+    r.sum_g = __shfl_xor_sync(kFullMask, w.sum_g, o);
     return r;
 }
 
@@ -94,8 +91,8 @@ __device__ __forceinline__ W block_merge(W w, W* slots) {
 
 // Sum of a float pair over the block, the same way.
 __device__ __forceinline__ float2 block_sum2(float2 v, float2* slots) {
-    v.x = warp_sum(v.x);
-    v.y = warp_sum(v.y);
+    v.x = group_sum<32>(v.x);
+    v.y = group_sum<32>(v.y);
     const int warp = static_cast<int>(threadIdx.x >> 5), warps = static_cast<int>(blockDim.x >> 5);
     if (lane_id() == 0) slots[warp] = v;
     __syncthreads();
@@ -114,9 +111,9 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2* slots) {
 struct WarpTeam {
     __device__ __forceinline__ int rank() const { return lane_id(); }
     __device__ __forceinline__ int size() const { return 32; }
-    __device__ __forceinline__ int64_t first() const { return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; }
-    __device__ __forceinline__ int64_t stride() const { return (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5; }
-    __device__ __forceinline__ float2 sum(float2 v) const { return make_float2(warp_sum(v.x), warp_sum(v.y)); }
+    __device__ __forceinline__ int64_t first() const { return capsule::thread_index() >> 5; }
+    __device__ __forceinline__ int64_t stride() const { return capsule::thread_count() >> 5; }
+    __device__ __forceinline__ float2 sum(float2 v) const { return make_float2(group_sum<32>(v.x), group_sum<32>(v.y)); }
 };
 
 // The block per row: rows blockIdx.x, + gridDim.x, …; sums over warps, then warps in order.
@@ -312,6 +309,19 @@ __device__ __forceinline__ bool with_row_tile(int64_t cols, int64_t members, boo
     return true;
 }
 
+// Calls f(team, RowTile<VEC, PER>{}) for rows held in registers: a warp per row up to kWarpRowMax
+// columns (always fits), else the block per row (sums through `slots`) when with_row_tile finds
+// a tile; false when the row is too long for that.
+template <class F>
+__device__ __forceinline__ bool with_team_tile(int64_t cols, bool vec4, float2* slots, F&& f) {
+    if (cols <= kWarpRowMax) {
+        with_row_tile(cols, 32, vec4, [&](auto tile) { f(WarpTeam{}, tile); });
+        return true;
+    }
+    const BlockTeam team{slots};
+    return with_row_tile(cols, blockDim.x, vec4, [&](auto tile) { f(team, tile); });
+}
+
 // -- layer_norm: longer rows, one block per row, streamed twice ----------------------------------------
 
 // Welford statistics of one row over the block (float4 loads when vec4).
@@ -435,8 +445,8 @@ __device__ __forceinline__ int64_t part_count(int64_t total, int64_t parts, int6
 template <class F1, class F4>
 __device__ __forceinline__ void channel_map(int64_t total, int64_t channels, int64_t spatial, bool vec4, F1&& f1, F4&& f4) {
     if (total == 0) return;
-    const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t first = capsule::thread_index();
+    const int64_t step = capsule::thread_count();
     int64_t tail = 0;
     if (vec4) {
         const int64_t vectors = total / 4;
@@ -465,12 +475,6 @@ __device__ __forceinline__ void channel_map(int64_t total, int64_t channels, int
     }
 }
 
-__device__ __forceinline__ float4 load4(const float* __restrict__ p, int64_t v) {
-    return __ldg(reinterpret_cast<const float4*>(p) + v);
-}
-
-__device__ __forceinline__ void store4(float* __restrict__ p, int64_t v, float4 a) { reinterpret_cast<float4*>(p)[v] = a; }
-
 }  // namespace
 
 // -- layer_norm ---------------------------------------------------------------------------------------
@@ -479,16 +483,8 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 2) void capsule_layer_norm_
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta, float* __restrict__ y,
     float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t cols, float eps) {
     const bool vec4 = cols % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
-    if (cols <= kWarpRowMax) {
-        with_row_tile(cols, 32, vec4, [&](auto tile) {
-            using T = decltype(tile);
-            ln_fwd_rows<T::kVec, T::kPer>(WarpTeam{}, x, gamma, beta, y, mean, rstd, rows, cols, eps);
-        });
-        return;
-    }
     __shared__ float2 slots[kMaxWarps];
-    const BlockTeam team{slots};
-    const bool cached = with_row_tile(cols, blockDim.x, vec4, [&](auto tile) {
+    const bool cached = with_team_tile(cols, vec4, slots, [&](const auto& team, auto tile) {
         using T = decltype(tile);
         ln_fwd_rows<T::kVec, T::kPer>(team, x, gamma, beta, y, mean, rstd, rows, cols, eps);
     });
@@ -501,16 +497,8 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 2) void capsule_layer_norm_
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ g, float* __restrict__ dx,
     float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t cols, float eps) {
     const bool vec4 = cols % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx) && aligned16(gamma);
-    if (cols <= kWarpRowMax) {
-        with_row_tile(cols, 32, vec4, [&](auto tile) {
-            using T = decltype(tile);
-            ln_bwd_x_rows<T::kVec, T::kPer>(WarpTeam{}, x, gamma, g, dx, mean, rstd, rows, cols, eps);
-        });
-        return;
-    }
     __shared__ float2 slots[kMaxWarps];
-    const BlockTeam team{slots};
-    const bool cached = with_row_tile(cols, blockDim.x, vec4, [&](auto tile) {
+    const bool cached = with_team_tile(cols, vec4, slots, [&](const auto& team, auto tile) {
         using T = decltype(tile);
         ln_bwd_x_rows<T::kVec, T::kPer>(team, x, gamma, g, dx, mean, rstd, rows, cols, eps);
     });

@@ -8,20 +8,16 @@
 
 namespace {
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-__device__ __forceinline__ int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-
-__device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
-__device__ __forceinline__ float4 load4(const float* p, int64_t v) { return __ldg(reinterpret_cast<const float4*>(p) + v); }
-
-__device__ __forceinline__ void store4(float* p, int64_t v, float4 r) { reinterpret_cast<float4*>(p)[v] = r; }
+using capsule::aligned16;
+using capsule::load4;
+using capsule::store4;
+using capsule::thread_count;
+using capsule::thread_index;
 
 // out = f(a)
 template <class F>
 __device__ __forceinline__ void map_1_1(const float* __restrict__ a, float* __restrict__ out, int64_t n, F f) {
-    const int64_t first = first_index(), step = grid_threads();
+    const int64_t first = thread_index(), step = thread_count();
     int64_t tail = 0;
     if (aligned16(a) && aligned16(out)) {
         const int64_t vectors = n / 4;
@@ -38,7 +34,7 @@ __device__ __forceinline__ void map_1_1(const float* __restrict__ a, float* __re
 template <class F>
 __device__ __forceinline__ void map_2_1(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out,
                                         int64_t n, F f) {
-    const int64_t first = first_index(), step = grid_threads();
+    const int64_t first = thread_index(), step = thread_count();
     int64_t tail = 0;
     if (aligned16(a) && aligned16(b) && aligned16(out)) {
         const int64_t vectors = n / 4;
@@ -55,7 +51,7 @@ __device__ __forceinline__ void map_2_1(const float* __restrict__ a, const float
 template <class F>
 __device__ __forceinline__ void map_3_2(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
                                         float* __restrict__ out1, float* __restrict__ out2, int64_t n, F f) {
-    const int64_t first = first_index(), step = grid_threads();
+    const int64_t first = thread_index(), step = thread_count();
     int64_t tail = 0;
     if (aligned16(a) && aligned16(b) && aligned16(c) && aligned16(out1) && aligned16(out2)) {
         const int64_t vectors = n / 4;

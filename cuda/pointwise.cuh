@@ -1,7 +1,7 @@
 // Per-element math of the pointwise family (spec "Pointwise"): forward capsule_<op>_f and
 // backward capsule_<op>_df, __host__ __device__ so that the tests run them on the host.
-// Every rounding is an explicit correctly rounded operation (capsule_pw::add, mul, ...), so the
-// compiler cannot contract them into FMAs differently on different architectures.
+// Every rounding is an explicit correctly rounded operation (add_rn, mul_rn, ... from common.cuh),
+// so the compiler cannot contract them into FMAs differently on different architectures.
 #pragma once
 
 #include <cmath>
@@ -11,55 +11,12 @@
 
 namespace capsule_pw {
 
-// Single correctly rounded IEEE operations: _rn intrinsics on the device, plain float
-// arithmetic on the host (SSE, round to nearest, no FMA contraction at the default -march).
-CAPSULE_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-CAPSULE_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-
-CAPSULE_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-CAPSULE_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
-CAPSULE_HD float rcp_rn(float a) {
-#if defined(__CUDA_ARCH__)
-    return __frcp_rn(a);
-#else
-    return 1.0f / a;
-#endif
-}
-
-CAPSULE_HD float sqrt_rn(float a) {
-#if defined(__CUDA_ARCH__)
-    return __fsqrt_rn(a);
-#else
-    return std::sqrt(a);
-#endif
-}
+using capsule::add_rn;
+using capsule::div_rn;
+using capsule::mul_rn;
+using capsule::rcp_rn;
+using capsule::sqrt_rn;
+using capsule::sub_rn;
 
 CAPSULE_HD bool is_nan(float a) { return a != a; }
 

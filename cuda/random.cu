@@ -10,7 +10,7 @@ namespace {
 template <bool BERNOULLI>
 __device__ void draw(float* __restrict__ y, uint64_t seed, float p, int64_t n) {
     const uint64_t key = capsule_stream_key(seed);
-    const bool vector = (reinterpret_cast<uintptr_t>(y) & 15u) == 0;
+    const bool vector = capsule::aligned16(y);
     CAPSULE_GRID_STRIDE(q, (n + 3) / 4) {
         const int64_t e = 4 * q;
         float v[4];
@@ -19,13 +19,7 @@ __device__ void draw(float* __restrict__ y, uint64_t seed, float p, int64_t n) {
             const float u = capsule_keyed_uniform(key, static_cast<uint64_t>(e + k));
             v[k] = BERNOULLI ? capsule_bernoulli(u, p) : u;
         }
-        if (vector && e + 4 <= n) {
-            *reinterpret_cast<float4*>(y + e) = make_float4(v[0], v[1], v[2], v[3]);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (e + k < n) y[e + k] = v[k];
-        }
+        capsule::store4_upto(y, e, n, vector, v);
     }
 }
 

@@ -14,25 +14,8 @@
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int offset = G / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-    return v;
-}
-
-// Warps reduce, warp leaders publish, then every warp reduces the same published values in the
-// same order, so all threads hold the same sum.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = group_sum<32>(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return group_sum<32>(lane < warps ? scratch[lane] : 0.0f);
-}
+using capsule::block_sum;
+using capsule::group_sum;
 
 template <bool MEAN>
 __device__ __forceinline__ float finish(float sum, float inverse_count) {
@@ -180,10 +163,10 @@ __device__ void broadcast_back(const float* __restrict__ g, float* __restrict__ 
                                int64_t inner, float inverse_count) {
     const int64_t n = outer * size * inner;
     const int64_t groups = (n + 3) / 4;
-    const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t first = capsule::thread_index();
+    const int64_t stride = capsule::thread_count();
     if (first >= groups) return;
-    const bool vector = (reinterpret_cast<uintptr_t>(dx) & 15u) == 0;
+    const bool vector = capsule::aligned16(dx);
     CapsulePosition p = capsule_position(4 * first, size, inner);
     const CapsulePosition step = capsule_position(4 * stride, size, inner);
     for (int64_t q = first; q < groups; q += stride) {
@@ -195,13 +178,7 @@ __device__ void broadcast_back(const float* __restrict__ g, float* __restrict__ 
             v[k] = e + k < n ? finish<MEAN>(g[capsule_broadcast_source(r, inner)], inverse_count) : 0.0f;
             capsule_position_next(r, size, inner);
         }
-        if (vector && e + 4 <= n) {
-            *reinterpret_cast<float4*>(dx + e) = make_float4(v[0], v[1], v[2], v[3]);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (e + k < n) dx[e + k] = v[k];
-        }
+        capsule::store4_upto(dx, e, n, vector, v);
         capsule_position_add(p, step, size, inner);
     }
 }

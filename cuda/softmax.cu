@@ -11,11 +11,13 @@
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
+using capsule::block_sum;
+using capsule::group_sum;
+using capsule::kFullMask;
 
-// Butterfly reductions inside aligned groups of G lanes. Every lane ends with the same value:
-// float addition is commutative, and so is capsule_nanmax but for the sign of a zero maximum and
-// the payload of a NaN one, which change no result beyond the sign of a zero log_softmax.
+// Butterfly maxima inside aligned groups of G lanes, like capsule::group_sum. Every lane ends with
+// the same value: capsule_nanmax commutes but for the sign of a zero maximum and the payload of a
+// NaN one, which change no result beyond the sign of a zero log_softmax.
 template <int G>
 __device__ __forceinline__ float group_max(float v) {
 #pragma unroll
@@ -23,31 +25,8 @@ __device__ __forceinline__ float group_max(float v) {
     return v;
 }
 
-template <int G>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-    for (int offset = G / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-    return v;
-}
-
-// Block reductions: warps reduce, warp leaders publish, then every warp reduces the same
-// published values in the same order, so all threads agree without a broadcast.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = group_max<32>(v);
-    __syncthreads();  // the previous reduction's readers are done with scratch
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return group_max<32>(lane < warps ? scratch[lane] : -INFINITY);
-}
-
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = group_sum<32>(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return group_sum<32>(lane < warps ? scratch[lane] : 0.0f);
+    return capsule::block_reduce(v, scratch, -INFINITY, [](float x) { return group_max<32>(x); });
 }
 
 __device__ __forceinline__ float max4(float4 v) {
@@ -84,6 +63,36 @@ __device__ __forceinline__ void block_visit(int64_t len, CapsuleRowSplit split, 
 
 __device__ __forceinline__ bool same_alignment(const void* a, const void* b) {
     return ((reinterpret_cast<uintptr_t>(a) ^ reinterpret_cast<uintptr_t>(b)) & 15u) == 0;
+}
+
+// The group path's shape from cols: G lanes per row (capsule_softmax_lanes), V values per lane
+// (capsule_softmax_values, at most MAX_V: one call site per shape) and R rows at a time
+// (capsule_softmax_batch); calls run(GroupShape<G, V, R>{}).
+template <int G_, int V_, int R_>
+struct GroupShape {
+    static constexpr int G = G_, V = V_, R = R_;
+};
+
+template <int MAX_V, class Run>
+__device__ __forceinline__ void with_group_shape(int64_t cols, Run run) {
+    switch (capsule_softmax_lanes(cols)) {
+        case 1: return run(GroupShape<1, 1, 8>{});
+        case 2: return run(GroupShape<2, 1, 8>{});
+        case 4: return run(GroupShape<4, 1, 8>{});
+        case 8: return run(GroupShape<8, 1, 8>{});
+        case 16: return run(GroupShape<16, 1, 8>{});
+        default: break;
+    }
+    switch (capsule_softmax_values(cols)) {
+        case 1: return run(GroupShape<32, 1, 8>{});
+        case 2: return run(GroupShape<32, 2, 4>{});
+        case 4: return run(GroupShape<32, 4, 2>{});
+        case 8: return run(GroupShape<32, 8, 1>{});
+        case 16:
+            if constexpr (MAX_V > 16) return run(GroupShape<32, 16, 1>{});
+            [[fallthrough]];
+        default: return run(GroupShape<32, MAX_V, 1>{});
+    }
 }
 
 // -- forward ---------------------------------------------------------------------------------
@@ -187,27 +196,14 @@ __device__ void forward_block(const float* __restrict__ x, const float* __restri
     }
 }
 
-// Lanes, values per lane and rows at a time from cols: capsule_softmax_lanes, _values, _batch.
 template <int OP>
 __device__ void forward(const float* __restrict__ x, const float* __restrict__ mask, float* __restrict__ y,
                         int64_t rows, int64_t cols) {
     if (cols > CAPSULE_SOFTMAX_GROUP_COLS) return forward_block<OP>(x, mask, y, rows, cols);
-    switch (capsule_softmax_lanes(cols)) {
-        case 1: return forward_group<OP, 1, 1, 8>(x, mask, y, rows, cols);
-        case 2: return forward_group<OP, 2, 1, 8>(x, mask, y, rows, cols);
-        case 4: return forward_group<OP, 4, 1, 8>(x, mask, y, rows, cols);
-        case 8: return forward_group<OP, 8, 1, 8>(x, mask, y, rows, cols);
-        case 16: return forward_group<OP, 16, 1, 8>(x, mask, y, rows, cols);
-        default: break;
-    }
-    switch (capsule_softmax_values(cols)) {
-        case 1: return forward_group<OP, 32, 1, 8>(x, mask, y, rows, cols);
-        case 2: return forward_group<OP, 32, 2, 4>(x, mask, y, rows, cols);
-        case 4: return forward_group<OP, 32, 4, 2>(x, mask, y, rows, cols);
-        case 8: return forward_group<OP, 32, 8, 1>(x, mask, y, rows, cols);
-        case 16: return forward_group<OP, 32, 16, 1>(x, mask, y, rows, cols);
-        default: return forward_group<OP, 32, 32, 1>(x, mask, y, rows, cols);
-    }
+    with_group_shape<32>(cols, [&](auto shape) {
+        using S = decltype(shape);
+        forward_group<OP, S::G, S::V, S::R>(x, mask, y, rows, cols);
+    });
 }
 
 // -- backward: dx from y and g, with r = sum g*y (softmax, masked) or sum g (log_softmax) -------
@@ -285,21 +281,10 @@ template <int OP>
 __device__ void backward(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
                          int64_t rows, int64_t cols) {
     if (cols > CAPSULE_SOFTMAX_GRAD_GROUP_COLS) return backward_block<OP>(y, g, dx, rows, cols);
-    switch (capsule_softmax_lanes(cols)) {
-        case 1: return backward_group<OP, 1, 1, 8>(y, g, dx, rows, cols);
-        case 2: return backward_group<OP, 2, 1, 8>(y, g, dx, rows, cols);
-        case 4: return backward_group<OP, 4, 1, 8>(y, g, dx, rows, cols);
-        case 8: return backward_group<OP, 8, 1, 8>(y, g, dx, rows, cols);
-        case 16: return backward_group<OP, 16, 1, 8>(y, g, dx, rows, cols);
-        default: break;
-    }
-    switch (capsule_softmax_values(cols)) {
-        case 1: return backward_group<OP, 32, 1, 8>(y, g, dx, rows, cols);
-        case 2: return backward_group<OP, 32, 2, 4>(y, g, dx, rows, cols);
-        case 4: return backward_group<OP, 32, 4, 2>(y, g, dx, rows, cols);
-        case 8: return backward_group<OP, 32, 8, 1>(y, g, dx, rows, cols);
-        default: return backward_group<OP, 32, 16, 1>(y, g, dx, rows, cols);
-    }
+    with_group_shape<16>(cols, [&](auto shape) {
+        using S = decltype(shape);
+        backward_group<OP, S::G, S::V, S::R>(y, g, dx, rows, cols);
+    });
 }
 
 }  // namespace

@@ -19,6 +19,9 @@
 
 namespace {
 
+using capsule::thread_count;
+using capsule::thread_index;
+
 constexpr int kMaxThreads = 256;
 constexpr int kModesPerThread = 4;   // KPT
 constexpr int kPointsPerThread = 4;  // TPT
@@ -149,10 +152,6 @@ __device__ void synthesis(const float* __restrict__ z, float* __restrict__ out, 
     }
 }
 
-__device__ __forceinline__ int64_t first_thread() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-
-__device__ __forceinline__ int64_t thread_count() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
 __device__ __forceinline__ void run_analysis(const float* __restrict__ in, float* __restrict__ out, int64_t batch, int64_t G,
                                              int64_t C, int64_t M, bool scaled, int64_t first, int64_t step) {
     const float2* table = twiddle_table(G);
@@ -163,8 +162,8 @@ __device__ __forceinline__ void run_analysis(const float* __restrict__ in, float
 __device__ __forceinline__ void run_synthesis(const float* __restrict__ z, float* __restrict__ out, int64_t batch, int64_t G,
                                               int64_t O, int64_t M) {
     const float2* table = twiddle_table(G);
-    if (table != nullptr) synthesis<true>(z, out, batch, G, O, M, table, first_thread(), thread_count());
-    else synthesis<false>(z, out, batch, G, O, M, nullptr, first_thread(), thread_count());
+    if (table != nullptr) synthesis<true>(z, out, batch, G, O, M, table, thread_index(), thread_count());
+    else synthesis<false>(z, out, batch, G, O, M, nullptr, thread_index(), thread_count());
 }
 
 }  // namespace
@@ -177,7 +176,7 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_fft_fno_fwd(
     float* __restrict__ spectrum, float* __restrict__ mixed, int64_t batch, int64_t grid, int64_t c_in, int64_t c_out,
     int64_t modes, int32_t stage) {
     if (stage == 0) {
-        run_analysis(x, spectrum, batch, grid, c_in, modes, false, first_thread(), thread_count());
+        run_analysis(x, spectrum, batch, grid, c_in, modes, false, thread_index(), thread_count());
     } else if (stage == 1) {
         // (b, k, o), o fastest: Zs = (w_k/G)·Σ_c X[b, k, c]·W[k, c, o].
         CAPSULE_GRID_STRIDE(item, batch * modes * c_out) {
@@ -203,8 +202,8 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_fft_fno_bwd_sp
     const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ xspec, float* __restrict__ gspec,
     int64_t batch, int64_t grid, int64_t c_in, int64_t c_out, int64_t modes) {
     for (int64_t which = blockIdx.y; which < 2; which += gridDim.y) {
-        if (which == 0) run_analysis(x, xspec, batch, grid, c_in, modes, false, first_thread(), thread_count());
-        else run_analysis(g, gspec, batch, grid, c_out, modes, true, first_thread(), thread_count());
+        if (which == 0) run_analysis(x, xspec, batch, grid, c_in, modes, false, thread_index(), thread_count());
+        else run_analysis(g, gspec, batch, grid, c_out, modes, true, thread_index(), thread_count());
         __syncthreads();  // the next pass rebuilds the table
     }
 }

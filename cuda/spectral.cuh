@@ -18,16 +18,20 @@ CAPSULE_HD int64_t capsule_fno_turn_step(int64_t r, int64_t inc, int64_t G) {
     return r >= G ? r - G : r;
 }
 
+// At a quarter turn (4r a multiple of G, 0 ≤ r < G): the exact (cos, sin) of 2π·r/G, and true.
+CAPSULE_HD bool capsule_fno_quarter_turn(int64_t r, int64_t G, float& c, float& s) {
+    if ((4 * r) % G != 0) return false;
+    const int64_t q = (4 * r) / G;
+    c = q == 0 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
+    s = q == 1 ? 1.0f : (q == 3 ? -1.0f : 0.0f);
+    return true;
+}
+
 // (cos, sin) of 2π·r/G for 0 ≤ r < G, exact (±1, 0) at quarter turns. The angle is reduced to
 // (−π, π] in integers and evaluated in double precision, then rounded to float: this is the
 // twiddle table's entry, computed once per block.
 CAPSULE_HD void capsule_fno_twiddle(int64_t r, int64_t G, float& c, float& s) {
-    if ((4 * r) % G == 0) {
-        const int64_t q = (4 * r) / G;
-        c = q == 0 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
-        s = q == 1 ? 1.0f : (q == 3 ? -1.0f : 0.0f);
-        return;
-    }
+    if (capsule_fno_quarter_turn(r, G, c, s)) return;
     const int64_t rr = 2 * r > G ? r - G : r;
     double sd, cd;
     sincospi(2.0 * static_cast<double>(rr) / static_cast<double>(G), &sd, &cd);
@@ -38,12 +42,7 @@ CAPSULE_HD void capsule_fno_twiddle(int64_t r, int64_t G, float& c, float& s) {
 // The same twiddle in single precision (one rounding of the reduced argument, then sincospif):
 // used on the fly when the grid is too long for a shared-memory table.
 CAPSULE_HD void capsule_fno_twiddle_f(int64_t r, int64_t G, float& c, float& s) {
-    if ((4 * r) % G == 0) {
-        const int64_t q = (4 * r) / G;
-        c = q == 0 ? 1.0f : (q == 2 ? -1.0f : 0.0f);
-        s = q == 1 ? 1.0f : (q == 3 ? -1.0f : 0.0f);
-        return;
-    }
+    if (capsule_fno_quarter_turn(r, G, c, s)) return;
     const int64_t rr = 2 * r > G ? r - G : r;
     sincospif(static_cast<float>(2 * rr) / static_cast<float>(G), &s, &c);
 }

@@ -5,15 +5,8 @@
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
-
-__device__ __forceinline__ int64_t thread_index() {
-    return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-
-__device__ __forceinline__ int64_t thread_count() {
-    return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+using capsule::thread_count;
+using capsule::thread_index;
 
 // The geometry into shared memory (shape, then strides); every thread of the block calls it.
 __device__ __forceinline__ void load_geometry(const int64_t* __restrict__ geometry, int rank, int64_t* shape,
@@ -96,7 +89,7 @@ __device__ void broadcast_columns(const float* __restrict__ g, float* __restrict
         __syncthreads();
         if (w == 0 && j < n_x) {
             float sum = partial[lane];
-            for (int q = 1; q < warps; ++q) sum = capsule_add_rn(sum, partial[q * lanes + lane]);
+            for (int q = 1; q < warps; ++q) sum = capsule::add_rn(sum, partial[q * lanes + lane]);
             dx[j] = sum;
         }
         __syncthreads();
@@ -114,8 +107,7 @@ __device__ void broadcast_rows(const float* __restrict__ g, float* __restrict__ 
     for (int64_t j = thread_index() / group; j < n_x; j += thread_count() / group) {
         float acc = capsule_broadcast_partial<I>(g, kshape, kstride, nk, sshape, sstride, ns, static_cast<I>(j), lane, group,
                                                  copies);
-        if (group == 32)
-            for (int d = 16; d > 0; d >>= 1) acc = capsule_add_rn(acc, __shfl_xor_sync(kFullMask, acc, d));
+        if (group == 32) acc = capsule::group_sum_rn<32>(acc);
         if (lane == 0) dx[j] = acc;
     }
 }

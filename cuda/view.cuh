@@ -21,9 +21,8 @@
 #define CAPSULE_TILE_ELEMS 1024   // elements per tile (TA · TB)
 #define CAPSULE_TILE_SLOTS 2048   // shared words per tile: TA rows of TB + 1 (padding against bank conflicts)
 
-CAPSULE_HD bool capsule_aligned16(const void* p) {
-    return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
+// capsule::aligned16 under the name the view and index kernels and their host harnesses use.
+CAPSULE_HD bool capsule_aligned16(const void* p) { return capsule::aligned16(p); }
 
 // Moves of four 32-bit words; on the device one 16-byte load and store (both addresses 16-byte aligned:
 // the host harness defines CAPSULE_HOST_CHECK_ALIGNED to count any vector access that would fault).
@@ -205,14 +204,6 @@ CAPSULE_HD bool capsule_broadcast_split(const int64_t* geometry, int rank, int64
     return rank > 0 && geometry[2 * rank - 1] == 0;
 }
 
-CAPSULE_HD float capsule_add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
 // One thread's share of dx[j]: the copies c = first, first + step, ... summed in that order from +0.
 template <typename I>
 CAPSULE_HD float capsule_broadcast_partial(const float* g, const int64_t* kshape, const int64_t* kstride, int nk,
@@ -221,7 +212,7 @@ CAPSULE_HD float capsule_broadcast_partial(const float* g, const int64_t* kshape
     const I base = capsule_view_offset<I>(kshape, kstride, nk, j);
     float acc = 0.0f;
     for (int64_t c = first; c < copies; c += step)
-        acc = capsule_add_rn(acc, g[base + capsule_view_offset<I>(sshape, sstride, ns, static_cast<I>(c))]);
+        acc = capsule::add_rn(acc, g[base + capsule_view_offset<I>(sshape, sstride, ns, static_cast<I>(c))]);
     return acc;
 }
 
