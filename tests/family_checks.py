@@ -1,93 +1,150 @@
-"""What every kernel family's test checks without a GPU, written once: the nvcc build of its .cu
-(no warnings, no spills, a PTX .entry per registry symbol with the declared parameters), its
-launch plans over every sample and edge input, and the forward and backward of its kernels run on
-the CPU emulator (tests/kernel_emu.py) against the float64 reference under the op's error model.
+"""What every kernel family's test checks without a GPU, written once:
+
+- the nvcc build of cuda/<family>.cu for every arch of `capsules check`, through compile_file's
+  content-hash cache (CAPSULES_CACHE; each file compiled at most once a session): no warning in
+  nvcc's log (what -Werror all-warnings would refuse), no spills and no stack frame, every kernel of
+  the file a registered entry point and a PTX .entry with the declared parameter types, and the
+  source spelling out each declared signature;
+- the launch plans of every sample and edge input: legal on every arch, each launch fitting the
+  compiled kernel's registers and shared memory, the outputs shaped as the op's results, and
+  planted faults reported;
+- results of the kernels (on the CPU emulator, tests/kernel_emu.py, or replayed by a host
+  harness) against the float64 reference under the op's error model.
+
+A family's test adds what is its own: its register budget, launch shapes and planted faults, its
+host math.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import re
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+from functools import lru_cache
+from typing import Callable, Iterator
 
 import numpy as np
 
 from capsule_core import registry
+from capsule_core.backends.cpu import REFERENCE
 from capsule_core.check import expected_ptx_type
-from capsule_core.kernels import ARCHES, cuda_source_dir, find_nvcc, parse_ptx_entries, parse_ptxas_resources
-from capsule_core.launch import plan_functions, plan_problems
+from capsule_core.kernels import ARCHES, CompiledFile, CompileError, compile_all, cuda_source_dir
+from capsule_core.launch import LaunchPlan, plan_functions, plan_problems
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import seeded_rng, shapes_of, validate
+from capsule_core.ops.base import Exact, seeded_rng, shapes_of, validate
 
-FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
-"""The build flags of DEVELOPERS.md, plus -Werror all-warnings and -Xptxas -v below."""
-
-
-@dataclass(frozen=True)
-class Build:
-    arch: str
-    log: str
-    ptx: str
-
-    @property
-    def entries(self):
-        return parse_ptx_entries(self.ptx)
-
-    @property
-    def resources(self):
-        return parse_ptxas_resources(self.log)
-
-    @property
-    def warnings(self) -> list[str]:
-        return [line for line in self.log.splitlines() if re.search(r"warning", line, re.IGNORECASE)]
+SIZES = ("small", "medium", "large")
+REGISTERS_PER_SM = 65536
+SHARED_PER_BLOCK = 48 * 1024
+"""Static plus dynamic shared memory a block gets without the opt-in attribute."""
 
 
-def build(family: str, arch: str, build_dir: str) -> Build:
-    """cuda/<family>.cu for one arch with warnings as errors; the PTX kept for its entries."""
-    work = Path(build_dir) / f"{family}-{arch}"
-    work.mkdir(parents=True, exist_ok=True)
-    source = cuda_source_dir() / f"{family}.cu"
-    cmd = [str(find_nvcc().path), *FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings", "--keep",
-           "--keep-dir", str(work), "-I", str(cuda_source_dir()), "-cubin", "-o", str(work / "kernel.cubin"), str(source)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise AssertionError(f"nvcc failed for cuda/{family}.cu ({arch}):\n{result.stdout}{result.stderr}")
-    ptx = next(work.glob("*.ptx")).read_text()
-    return Build(arch, result.stdout + result.stderr, ptx)
-
-
-def build_all(family: str, build_dir: str) -> dict[str, Build]:
-    """build() for every arch of `capsules check`, in parallel."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(len(ARCHES)) as pool:
-        return dict(zip(ARCHES, pool.map(lambda arch: build(family, arch, build_dir), ARCHES)))
+# -- the registry's view of a family ----------------------------------------------------------------
 
 
 def capsules(family: str):
     return [c for c in registry.CATALOG if c.family == family and c.symbols]
 
 
-def symbol_problems(family: str, builds: dict[str, Build]) -> list[str]:
-    """Every registry symbol of the family as a PTX .entry with the declared parameter types."""
-    problems = []
-    for c in capsules(family):
-        for ref in c.symbols:
-            for arch, b in builds.items():
-                entry = b.entries.get(ref.symbol)
-                if entry is None:
-                    problems.append(f"{ref.symbol}: no .entry for {arch}")
-                    continue
-                got = [p.ptx_type for p in entry]
-                want = [expected_ptx_type(p) for p in ref.params]
-                if got != want:
-                    problems.append(f"{ref.symbol} ({arch}): PTX parameters {got}, declared {want}")
+def family_ops(family: str) -> set[str]:
+    """The ops whose native capsule is in the family (with kernels or, like reshape, without)."""
+    return {c.op.value for c in registry.CATALOG if c.family == family and registry.lookup(c.op.value) is c}
+
+
+def symbols(*ops: str) -> dict:
+    """{symbol: NativeSymbolRef} of the ops' native capsules."""
+    return {ref.symbol: ref for op in ops for ref in registry.lookup(op).symbols}
+
+
+def family_symbols(family: str) -> dict:
+    return {ref.symbol: ref for c in capsules(family) for ref in c.symbols}
+
+
+# -- the build -----------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def compiled(family: str) -> dict[str, CompiledFile]:
+    """cuda/<family>.cu for every arch (in parallel) from compile_file's cache: cubin, PTX and the
+    whole nvcc log (ptxas -v report and any warning)."""
+    source = cuda_source_dir() / f"{family}.cu"
+    results = compile_all([(source, arch) for arch in ARCHES])
+    failed = [str(r) for r in results.values() if isinstance(r, CompileError)]
+    if failed:
+        raise AssertionError("\n".join(failed))
+    return {arch: results[(source, arch)] for arch in ARCHES}
+
+
+def build_problems(family: str, arch: str, max_registers=None, stack_frames: bool = False) -> list[str]:
+    """A warning-free build without spills (or stack frames, unless `stack_frames`) whose kernels are
+    exactly the registry's symbols, each a PTX .entry with the declared parameter types, each
+    within `max_registers` (a number, or a function of the kernel's name: a number or None)."""
+    build = compiled(family)[arch]
+    refs = family_symbols(family)
+    problems = [f"nvcc ({arch}): {line}" for line in build.warnings]
+    resources = build.resources
+    if set(resources) != set(refs):
+        problems.append(f"{arch}: kernels not registered {sorted(set(resources) - set(refs))}, "
+                        f"registered but not compiled {sorted(set(refs) - set(resources))}")
+    for name, r in resources.items():
+        if r.spill_stores or r.spill_loads or (r.stack_bytes and not stack_frames):
+            problems.append(f"{name} ({arch}) spills or uses a stack frame: {r}")
+        limit = max_registers(name) if callable(max_registers) else max_registers
+        if limit is not None and r.registers > limit:
+            problems.append(f"{name} ({arch}): {r.registers} registers, more than {limit}")
+    entries = build.entries
+    for name, ref in refs.items():
+        if name not in entries:
+            problems.append(f"{name}: no .entry in the {arch} PTX")
+            continue
+        got, want = [p.ptx_type for p in entries[name]], [expected_ptx_type(p) for p in ref.params]
+        if got != want:
+            problems.append(f"{name} ({arch}): PTX parameters {got} for the declared {want} ({ref.params})")
     return problems
 
 
-def cases(op: str, sizes=("small", "medium", "large")):
+def signature_problems(family: str, launch_bounds: bool | None = None) -> list[str]:
+    """Each entry point written literally in cuda/<family>.cu (no macro-made names) with the
+    registry's parameter list; `launch_bounds` True: each declares __launch_bounds__, False: none
+    does, None: either."""
+    path = cuda_source_dir() / f"{family}.cu"
+    source = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", path.read_text()))
+    bounds = r"(__launch_bounds__\([^)]*\) )?"
+    problems = []
+    for name, ref in family_symbols(family).items():
+        if ref.path != f"cuda/{family}.cu":
+            problems.append(f"{name}: declared in {ref.path}, not cuda/{family}.cu")
+        params = re.escape(", ".join(ref.params))
+        match = re.search(rf'extern "C" __global__ {bounds}void {bounds}{name}\({params}\)', source)
+        if match is None:
+            problems.append(f"{name}: the source does not declare ({', '.join(ref.params)})")
+        elif launch_bounds is not None and bool(match[1] or match[2]) != launch_bounds:
+            problems.append(f"{name}: __launch_bounds__ {'missing' if launch_bounds else 'not expected'}")
+    return problems
+
+
+def fit_problems(launch, resources: dict) -> list[str]:
+    """One launch on one arch: its threads times the kernel's registers (allocated 8 at a time)
+    within a multiprocessor's register file, static and dynamic shared memory within a block's."""
+    r = resources.get(launch.symbol)
+    if r is None:
+        return []  # not a compiled kernel: plan_problems and build_problems say so
+    threads = int(np.prod(launch.block))
+    problems = []
+    if threads * (-(-r.registers // 8) * 8) > REGISTERS_PER_SM:
+        problems.append(f"{launch.symbol}: {threads} threads × {r.registers} registers")
+    if r.shared_bytes + launch.shared_bytes > SHARED_PER_BLOCK:
+        problems.append(f"{launch.symbol}: {r.shared_bytes} + {launch.shared_bytes} bytes of shared memory")
+    return problems
+
+
+# -- samples ---------------------------------------------------------------------------------------------
+
+
+def cases(op: str, sizes=SIZES):
+    """The op's samples of `sizes`, then its edges."""
     spec = get_spec(op)
     out = []
     for size in sizes:
@@ -95,68 +152,294 @@ def cases(op: str, sizes=("small", "medium", "large")):
     return out + spec.edges()
 
 
-def plan_case_problems(op: str, sizes=("small", "medium", "large")) -> list[str]:
-    """Forward and backward plans of every case, legal on both arches with the right outputs."""
-    capsule = registry.lookup(op)
-    symbols = {r.symbol: r for r in capsule.symbols}
-    forward, backward = plan_functions(capsule)
-    spec = get_spec(op)
-    problems = []
-    for sample in cases(op, sizes):
-        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        directions = [(forward, {"out": tuple(out_shape)})]
-        if spec.has_vjp:
-            directions.append((backward, {f"d{n}": tuple(np.shape(arrays[n])) for n in spec.differentiable}))
-        for function, outputs in directions:
-            plan = function(arrays, params)
-            for arch in ARCHES:
-                problems += [f"{sample.case} {plan.direction} {arch}: {p}" for p in plan_problems(plan, symbols, arch)]
-            if {k: tuple(v) for k, v in plan.output_shapes.items()} != outputs:
-                problems.append(f"{sample.case} {plan.direction}: outputs {dict(plan.output_shapes)} != {outputs}")
-    return problems
-
-
 def cotangent(op: str, case: str, shape) -> np.ndarray:
     """The cotangent test_ops_contract uses for a case."""
     return seeded_rng(op, f"g/{case}").standard_normal(shape).astype(np.float32)
 
 
-def emulated_problems(runner, op: str, sample, misalign: dict | None = None) -> list[str]:
-    """Runs the forward (and backward) plans of one case on the emulator and compares them with
-    the reference under the op's error model; also that every output element was written."""
-    from capsule_core.backends.cpu import REFERENCE
-    from kernel_emu import unwritten
+def plan_inputs(spec, arrays: dict) -> dict:
+    """Buffer contents by name: the op's inputs, a variadic one's as xs[0], xs[1], ..."""
+    out = {}
+    for t in spec.inputs:
+        if t.variadic:
+            out.update({f"{t.name}[{i}]": a for i, a in enumerate(arrays[t.name])})
+        else:
+            out[t.name] = arrays[t.name]
+    return out
 
+
+def gradients(spec, outputs: dict) -> dict:
+    """A backward plan's outputs {"dx": a, "dxs[0]": b, ...} as {"x": a, "xs": (b, ...)}."""
+    out = {}
+    for t in spec.inputs:
+        if not t.differentiable:
+            continue
+        if t.variadic:
+            parts = sorted((k for k in outputs if k.startswith(f"d{t.name}[")), key=lambda k: int(k.split("[")[1][:-1]))
+            out[t.name] = tuple(outputs[k] for k in parts)
+        else:
+            out[t.name] = outputs[f"d{t.name}"]
+    return out
+
+
+def result_shapes(spec, arrays: dict, out_shape) -> tuple[dict, dict]:
+    """The outputs a forward and a backward plan declare: {"out": y's shape}, {"dx": x's shape, ...}."""
+    grads = {}
+    for name in spec.differentiable:
+        value = arrays[name]
+        if isinstance(value, tuple):
+            grads.update({f"d{name}[{i}]": tuple(np.shape(v)) for i, v in enumerate(value)})
+        else:
+            grads[f"d{name}"] = tuple(np.shape(value))
+    return {"out": tuple(out_shape)}, grads
+
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def same_bits(a, b) -> bool:
+    return np.array_equal(bits(a), bits(b))
+
+
+# -- launch plans --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanCase:
+    sample: object
+    arrays: dict
+    params: dict
+    out_shape: tuple
+    forward: LaunchPlan
+    backward: LaunchPlan | None
+    """None for an op without a VJP."""
+
+    @property
+    def plans(self) -> tuple[LaunchPlan, ...]:
+        return (self.forward,) if self.backward is None else (self.forward, self.backward)
+
+
+def plan_cases(op: str, sizes=SIZES) -> Iterator[PlanCase]:
+    """The forward and backward plan of every case."""
+    spec = get_spec(op)
+    forward, backward = plan_functions(registry.lookup(op))
+    for sample in cases(op, sizes):
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+        yield PlanCase(sample, arrays, params, tuple(out_shape), forward(arrays, params),
+                       backward(arrays, params) if spec.has_vjp else None)
+
+
+def plan_case_problems(op: str, sizes=SIZES, *, all_inputs: bool = True, reference_shapes: float = 0,
+                       check: Callable[[PlanCase], None] | None = None) -> list[str]:
+    """Over every case: the family's PLANS are the ones launch.plan_functions finds; the forward
+    (and backward) plans are legal on every arch and fit the compiled kernels (fit_problems); they
+    declare the outputs of result_shapes; the forward reads every input of the op (or, without
+    `all_inputs`, only inputs) and the backward only inputs, "out" and "g". Cases with fewer output
+    elements than `reference_shapes` also match those shapes with the float64 reference's.
+    `check(case)` asserts what is the family's own."""
     spec = get_spec(op)
     capsule = registry.lookup(op)
-    forward, backward = plan_functions(capsule)
-    arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-    shapes = shapes_of(arrays)
+    refs = {r.symbol: r for r in capsule.symbols}
+    family_plans = importlib.import_module(f"capsule_core.plans.{capsule.family}").PLANS
     problems = []
-    plan = forward(arrays, params)
-    y = runner.run(plan, arrays, misalign)["out"]
-    if unwritten(y).any():
-        problems.append(f"{sample.case}: forward left {int(unwritten(y).sum())} elements unwritten")
-    r = REFERENCE.forward(spec, sample.inputs, **sample.params)
-    m = REFERENCE.magnitude(spec, sample.inputs, **sample.params)
-    n = spec.error.length(shapes, params) if hasattr(spec.error, "length") else 1
-    result = compare(y, r, m, spec.error, n, sample.worst_case)
-    if not result.passed:
-        problems.append(f"{sample.case}: forward {result.reason}")
-    if not spec.has_vjp:
+    if tuple(plan_functions(capsule)) != tuple(family_plans[op]):
+        problems.append(f"{op}: launch.plan_functions does not find capsule_core.plans.{capsule.family}.PLANS")
+    if spec.has_vjp != (family_plans[op][1] is not None):
+        problems.append(f"{op}: a backward plan {'missing' if spec.has_vjp else 'without a VJP'}")
         return problems
-    g = cotangent(op, sample.case, r.shape)
-    plan = backward(arrays, params)
-    grads = runner.run(plan, {**arrays, "out": y, "g": g}, misalign)
-    r_grads = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
-    m_grads = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
-    for name in spec.differentiable:
-        dx = grads[f"d{name}"]
-        if unwritten(dx).any():
-            problems.append(f"{sample.case}: d{name} left {int(unwritten(dx).sum())} elements unwritten")
-        model = spec.vjp_error_for(name)
-        n = model.length(shapes, params) if hasattr(model, "length") else 1
-        result = compare(dx, r_grads[name], m_grads[name], model, n, sample.worst_case)
-        if not result.passed:
-            problems.append(f"{sample.case}: d{name} {result.reason}")
+    resources = {arch: b.resources for arch, b in compiled(capsule.family).items()} if refs else {}
+    for case in plan_cases(op, sizes):
+        where = case.sample.case
+        outputs = result_shapes(spec, case.arrays, case.out_shape)
+        if int(np.prod(case.out_shape)) < reference_shapes:
+            outputs = _reference_shapes(spec, case.sample, outputs, problems)
+        for plan, declared in zip(case.plans, outputs):
+            for arch in ARCHES:
+                problems += [f"{where} {plan.direction} {arch}: {p}" for p in plan_problems(plan, refs, arch)]
+                for launch in plan.launches:
+                    problems += [f"{where} {plan.direction} {arch}: {p}" for p in fit_problems(launch, resources.get(arch, {}))]
+            if {k: tuple(v) for k, v in plan.output_shapes.items()} != declared:
+                problems.append(f"{where} {plan.direction}: outputs {dict(plan.output_shapes)} != {declared}")
+        names = set(plan_inputs(spec, case.arrays))
+        read = {b.name for b in case.forward.buffers if b.role == "input"}
+        if not (read == names if all_inputs else read <= names):
+            problems.append(f"{where} forward: input buffers {sorted(read)} for the op's {sorted(names)}")
+        if case.backward is not None:
+            read = {b.name for b in case.backward.buffers if b.role == "input"}
+            if not read <= names | {"out", "g"}:
+                problems.append(f"{where} backward: input buffers {sorted(read)}")
+        if check is not None:
+            check(case)
     return problems
+
+
+def _reference_shapes(spec, sample, outputs, problems):
+    """The float64 reference's result shapes, noting where they differ from `outputs`."""
+    y = REFERENCE.forward(spec, sample.inputs, **sample.params)
+    forward = {"out": tuple(y.shape)}
+    backward = {}
+    if spec.has_vjp:
+        for name, value in REFERENCE.vjp(spec, sample.inputs, np.zeros(y.shape, np.float32), **sample.params).items():
+            if isinstance(value, tuple):
+                backward.update({f"d{name}[{i}]": tuple(v.shape) for i, v in enumerate(value)})
+            else:
+                backward[f"d{name}"] = tuple(value.shape)
+    if (forward, backward) != tuple(outputs):
+        problems.append(f"{sample.case}: the reference's shapes {forward} {backward} are not the op's {outputs}")
+    return forward, backward
+
+
+def with_launch(plan: LaunchPlan, index: int = 0, **changes) -> LaunchPlan:
+    """`plan` with launch `index` changed (dataclasses.replace)."""
+    launches = list(plan.launches)
+    launches[index] = dataclasses.replace(launches[index], **changes)
+    return dataclasses.replace(plan, launches=tuple(launches))
+
+
+def missed_faults(plan: LaunchPlan, refs: dict, faults, index: int = 0, arch: str = "sm_90") -> list[str]:
+    """plan_problems passes `plan` and reports each planted fault: (a fragment of the message it
+    must give, the changes to launch `index` or a whole faulty plan)."""
+    problems = [f"the plan itself: {p}" for p in plan_problems(plan, refs, arch)]
+    for fragment, fault in faults:
+        faulty = fault if isinstance(fault, LaunchPlan) else with_launch(plan, index, **fault)
+        reported = plan_problems(faulty, refs, arch)
+        if not any(fragment in m for m in reported):
+            problems.append(f"{'a plan' if isinstance(fault, LaunchPlan) else fault} not reported as {fragment!r}: {reported}")
+    return problems
+
+
+# -- results against the reference -------------------------------------------------------------------
+
+
+@dataclass
+class Compared:
+    problems: list[str]
+    worst: float
+    """The largest error over its bound (numerics.compare's `worst`) over every output."""
+
+
+def compared(op: str, sample, y=None, grads: dict | None = None, g=None, label: str = "") -> Compared:
+    """y (the forward's result) and grads ({input: gradient}, a tuple of them for a variadic input:
+    the VJP at cotangent g) against the float64 reference under the op's error models."""
+    spec = get_spec(op)
+    arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
+    shapes = shapes_of(arrays)
+    where = f"{op} {sample.summary()}{label}"
+    results, problems = [], []
+    if y is not None:
+        results.append(("forward", y, REFERENCE.forward(spec, sample.inputs, **sample.params),
+                        REFERENCE.magnitude(spec, sample.inputs, **sample.params), spec.error))
+    if grads is not None:
+        if set(grads) != set(spec.differentiable):
+            problems.append(f"{where}: gradients of {sorted(grads)}, not of {sorted(spec.differentiable)}")
+        r = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
+        m = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
+        for name in spec.differentiable:
+            model = spec.vjp_error_for(name)
+            if isinstance(r[name], tuple):
+                results += [(f"d{name}[{i}]", *parts, model) for i, parts in enumerate(zip(grads[name], r[name], m[name]))]
+            else:
+                results.append((f"d{name}", grads[name], r[name], m[name], model))
+    worst = 0.0
+    for what, got, ref, magnitude, model in results:
+        n = model.length(shapes, params) if hasattr(model, "length") else 1
+        result = compare(got, ref, magnitude, model, n, sample.worst_case)
+        worst = max(worst, result.worst)
+        if not result.passed:
+            problems.append(f"{where}: {what} {result.reason} (worst {result.worst:.3g})")
+    return Compared(problems, worst)
+
+
+def check_host_model(op: str, sample, forward=None, vjp=None, g=None, label: str = "") -> float:
+    """A host model of the kernels against the reference: forward(arrays, params) -> y and/or
+    vjp(arrays, params, g) -> {input: gradient} at the case's cotangent (or `g`); asserts that they
+    meet the error models and returns the worst error over its bound."""
+    spec = get_spec(op)
+    arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+    if vjp is not None and g is None:
+        g = cotangent(op, sample.case, out_shape)
+    result = compared(op, sample, None if forward is None else forward(arrays, params),
+                      None if vjp is None else vjp(arrays, params, g), g, label)
+    assert result.problems == [], "\n".join(result.problems)
+    return result.worst
+
+
+# -- the kernels run through their plans ----------------------------------------------------------------
+
+
+@dataclass
+class Emulated:
+    """One case run through its plans: the forward, then the backward fed its result."""
+
+    arrays: dict
+    params: dict
+    y: np.ndarray
+    g: np.ndarray | None
+    grads: dict | None
+    """By input name (a tuple for a variadic input); None for an op without a VJP."""
+
+
+def emulate(runner, op: str, sample, misalign=None) -> Emulated:
+    """The forward and backward plans of a case run by `runner` (kernel_emu's PlanRunner or a
+    HostReplay), every buffer `misalign` elements off (kernel_emu.PlanMemory)."""
+    spec = get_spec(op)
+    forward, backward = plan_functions(registry.lookup(op))
+    arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+    inputs = plan_inputs(spec, arrays)
+    y = runner.run(forward(arrays, params), inputs, misalign)["out"]
+    if not spec.has_vjp:
+        return Emulated(arrays, params, y, None, None)
+    g = cotangent(op, sample.case, out_shape)
+    outputs = runner.run(backward(arrays, params), {**inputs, "out": y, "g": g}, misalign)
+    return Emulated(arrays, params, y, g, gradients(spec, outputs))
+
+
+def emulated_problems(runner, op: str, sample, misalign=None, exact_bits: bool = False) -> list[str]:
+    """emulate() against the reference; with `exact_bits`, the results of exact models also bit for
+    bit those of the op's float32 formula (NaN payloads included)."""
+    run = emulate(runner, op, sample, misalign)
+    problems = compared(op, sample, run.y, run.grads, run.g).problems
+    if exact_bits:
+        spec = get_spec(op)
+        y = spec.forward(run.arrays, run.params)
+        if isinstance(spec.error, Exact) and not same_bits(run.y, y):
+            problems.append(f"{op} {sample.summary()}: forward bits differ")
+        if run.grads is not None:
+            exact = spec.vjp(run.arrays, run.params, y, run.g)
+            for name in spec.differentiable:
+                if isinstance(spec.vjp_error_for(name), Exact):
+                    pairs = zip(run.grads[name], exact[name]) if isinstance(exact[name], tuple) else [(run.grads[name], exact[name])]
+                    if not all(same_bits(a, b) for a, b in pairs):
+                        problems.append(f"{op} {sample.summary()}: d{name} bits differ")
+    return problems
+
+
+# -- host replays through harnesses that count misaligned 16-byte accesses (view, index) -------------
+
+def float32_off_16(buffer) -> int:
+    """PlanMemory misalignment: every float32 buffer 4 bytes off 16-byte alignment (int64 metadata
+    stays aligned)."""
+    return int(buffer.dtype == "float32")
+
+
+def counted_replay(lib, calls: dict):
+    """A kernel_emu.HostReplay calling calls[symbol](lib, launch, args), the launch's arguments as
+    integers (buffer addresses for buffer names), through a harness built on tests/host/replay.h:
+    no 16-byte access may be off alignment (on the GPU it would fault)."""
+    from kernel_emu import HostReplay
+
+    def call(memory, launch):
+        returned = calls[launch.symbol](lib, launch, [a if isinstance(a, int) else int(a) for a in memory.args(launch)])
+        assert lib.host_misaligned_accesses() == 0, f"{launch.symbol}: a 16-byte access off alignment"
+        return returned
+    return HostReplay(call)
+
+
+def paths_taken(runner, op: str, sample, misaligned: bool = False) -> list:
+    """emulated_problems (exact results bit for bit) asserted empty, float32 buffers 4 bytes off
+    16-byte alignment if `misaligned`; returns (symbol, what the replay of each launch returned:
+    the path or mode the kernel took)."""
+    runner.returned.clear()
+    assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
+    return list(runner.returned)

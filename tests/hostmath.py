@@ -31,9 +31,49 @@ def load(harness: str, build_dir: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
+F32P = ctypes.POINTER(ctypes.c_float)
+I64P = ctypes.POINTER(ctypes.c_int64)
+CTYPES = {"float": ctypes.c_float, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "int32_t": ctypes.c_int32}
+"""The ctypes type of each declared C scalar type of the registry."""
+
+
+def declare(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+    """Sets restype and argtypes of each named function: {name: argtypes} (returning void) or
+    {name: (restype, argtypes)}."""
+    for name, signature in signatures.items():
+        restype, argtypes = signature if isinstance(signature, tuple) else (None, signature)
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def declare_kernels(lib: ctypes.CDLL, refs, restype=None, extra=()) -> ctypes.CDLL:
+    """host_<op>_<dir> for each registry symbol capsule_<op>_<dir>: the declared parameters (float
+    pointers as float*), then `extra`; `restype` a ctypes type, None, or a function of the symbol."""
+    from capsule_core.launch import parse_param
+
+    return declare(lib, {ref.symbol.replace("capsule_", "host_", 1): (
+        restype if restype is None or isinstance(restype, type) else restype(ref.symbol),
+        [F32P if p.pointer else CTYPES[p.ctype] for p in map(parse_param, ref.params)] + list(extra)) for ref in refs})
+
+
+def f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def i64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def ptr(a: np.ndarray):
+    """A float* or int64_t* to a contiguous float32 or int64 array."""
+    assert a.dtype in (np.float32, np.int64) and a.flags.c_contiguous
+    return a.ctypes.data_as(F32P if a.dtype == np.float32 else I64P)
+
+
 def f32_ptr(a: np.ndarray):
     assert a.dtype == np.float32 and a.flags.c_contiguous
-    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    return a.ctypes.data_as(F32P)
 
 
 def u64_ptr(a: np.ndarray):

@@ -1,13 +1,17 @@
 """The CPU emulator of tests/host/cuda_emu.h keeps CUDA's block semantics: every thread of a block
-runs, barriers and warp shuffles exchange values as on a GPU, and a divergent barrier or shuffle
-(undefined behaviour on a GPU) is reported as a deadlock rather than passing silently."""
+runs, barriers and warp shuffles exchange values as on a GPU (warps of consecutive linear thread
+indices in 2-D blocks; 32- and 64-bit values), blocks cover 2-D grids, dynamic shared memory is
+there, and a divergent barrier or shuffle (undefined behaviour on a GPU) is reported as a deadlock
+rather than passing silently. The plan memory of tests/kernel_emu.py, which every emulated or
+host-replayed plan runs in, reports writes outside a buffer, changed inputs and unwritten outputs."""
 
 import ctypes
 
 import numpy as np
 import pytest
 
-from kernel_emu import build, compiler
+from capsule_core.launch import Buffer, Launch, LaunchPlan
+from kernel_emu import FILL_BITS, HostReplay, PlanMemory, build, compiler
 
 SOURCE = r'''
 #include <cstdint>
@@ -23,6 +27,31 @@ __global__ void block_sums(const float* x, float* out) {
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (threadIdx.x == 0) out[blockIdx.x] = v;   // 32 copies of the block's sum, summed by the warp
 }
+// One value per thread of a 2-D grid of 2-D blocks: the warp's (linear lanes) sum of 64-bit
+// integers and of doubles, and the float2 read through __ldg.
+__global__ void warp_sums_2d(const float2* x, long long* isum, double* dsum, float* y) {
+    const unsigned t = threadIdx.x + blockDim.x * threadIdx.y;
+    const unsigned block = blockIdx.x + gridDim.x * blockIdx.y;
+    const unsigned i = block * blockDim.x * blockDim.y + t;
+    const float2 v = __ldg(x + i);
+    long long a = (1ll << 40) + static_cast<long long>(v.x);
+    double d = static_cast<double>(v.y);
+    for (int offset = 16; offset > 0; offset /= 2) {
+        a += __shfl_xor_sync(0xffffffffu, a, offset);
+        d += __shfl_xor_sync(0xffffffffu, d, offset);
+    }
+    isum[i] = a;
+    dsum[i] = d;
+    y[i] = v.x + v.y;
+}
+// The dynamic shared memory the launch sized: its size, and a block-wide reversal through it.
+__global__ void reverse_through_dynamic_shared(const float* x, float* y, unsigned* bytes) {
+    float* s = reinterpret_cast<float*>(CAPSULE_EMU_DYNAMIC_SHARED_PTR);
+    s[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    y[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+    if (threadIdx.x == 0) *bytes = CAPSULE_EMU_DYNAMIC_SHARED_BYTES;
+}
 __global__ void divergent_sync(float* out) {
     if (threadIdx.x < 5) __syncthreads();
     out[threadIdx.x] = 1.0f;
@@ -33,10 +62,19 @@ __global__ void divergent_shuffle(float* out) {
     out[threadIdx.x] = v;
 }
 extern "C" int run_block_sums(unsigned grid, unsigned block, const float* x, float* out) {
-    return capsule_emu::launch(grid, block, &block_sums, x, out);
+    return capsule_emu::launch(dim3{grid}, dim3{block}, 0, &block_sums, x, out);
 }
-extern "C" int run_divergent_sync(float* out) { return capsule_emu::launch(1, 64, &divergent_sync, out); }
-extern "C" int run_divergent_shuffle(float* out) { return capsule_emu::launch(1, 64, &divergent_shuffle, out); }
+extern "C" int run_warp_sums_2d(unsigned gx, unsigned gy, unsigned bx, unsigned by, const float2* x, long long* isum,
+                                double* dsum, float* y) {
+    return capsule_emu::launch(dim3{gx, gy}, dim3{bx, by}, 0, &warp_sums_2d, x, isum, dsum, y);
+}
+extern "C" int run_reverse(unsigned block, const float* x, float* y, unsigned* bytes) {
+    return capsule_emu::launch(dim3{1}, dim3{block}, block * 4, &reverse_through_dynamic_shared, x, y, bytes);
+}
+extern "C" int run_divergent_sync(float* out) { return capsule_emu::launch(dim3{1}, dim3{64}, 0, &divergent_sync, out); }
+extern "C" int run_divergent_shuffle(float* out) {
+    return capsule_emu::launch(dim3{1}, dim3{64}, 0, &divergent_shuffle, out);
+}
 '''
 
 
@@ -45,9 +83,12 @@ def lib(tmp_path_factory):
     if compiler() is None:
         pytest.skip("no C++ compiler (g++) for the emulator")
     lib = build("selftest", SOURCE, str(tmp_path_factory.mktemp("emu")))
-    lib.run_block_sums.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-    lib.run_divergent_sync.argtypes = [ctypes.c_void_p]
-    lib.run_divergent_shuffle.argtypes = [ctypes.c_void_p]
+    p, u = ctypes.c_void_p, ctypes.c_uint
+    lib.run_block_sums.argtypes = [u, u, p, p]
+    lib.run_warp_sums_2d.argtypes = [u, u, u, u, p, p, p, p]
+    lib.run_reverse.argtypes = [u, p, p, p]
+    lib.run_divergent_sync.argtypes = [p]
+    lib.run_divergent_shuffle.argtypes = [p]
     return lib
 
 
@@ -60,9 +101,85 @@ def test_barriers_and_shuffles_exchange_values(lib, block):
     assert np.array_equal(out, 32 * x.reshape(grid, block).sum(axis=1))
 
 
+@pytest.mark.parametrize("grid, block", [((2, 3), (32, 4)), ((1, 1), (64, 2)), ((3, 2), (8, 8)), ((1, 2), (16, 2))])
+def test_two_dimensional_grids_and_blocks_with_64_bit_shuffles(lib, grid, block):
+    """Every thread of every block runs once; warps are 32 consecutive linear thread indices; long
+    long and double values cross the shuffle whole."""
+    n = grid[0] * grid[1] * block[0] * block[1]
+    x = np.empty((n, 2), np.float32)
+    x[:, 0] = np.arange(n) % 11
+    x[:, 1] = 0.25 * (np.arange(n) % 5)
+    isum, dsum, y = np.zeros(n, np.int64), np.zeros(n, np.float64), np.full(n, np.nan, np.float32)
+    assert lib.run_warp_sums_2d(*grid, *block, x.ctypes.data, isum.ctypes.data, dsum.ctypes.data, y.ctypes.data) == 1
+    assert np.array_equal(y, x.sum(axis=1))
+    warps = x.reshape(-1, 32, 2)
+    assert np.array_equal(isum, np.repeat(32 * 2**40 + warps[:, :, 0].astype(np.int64).sum(axis=1), 32))
+    assert np.array_equal(dsum, np.repeat(warps[:, :, 1].astype(np.float64).sum(axis=1), 32))
+
+
+def test_dynamic_shared_memory(lib):
+    x = np.arange(96, dtype=np.float32)
+    y, size = np.zeros(96, np.float32), np.zeros(1, np.uint32)
+    assert lib.run_reverse(96, x.ctypes.data, y.ctypes.data, size.ctypes.data) == 1
+    assert np.array_equal(y, x[::-1]) and size[0] == 96 * 4
+
+
 def test_divergent_barriers_and_shuffles_are_reported(lib):
     out = np.zeros(64, np.float32)
     assert lib.run_divergent_sync(out.ctypes.data) == 0
     assert lib.run_divergent_shuffle(out.ctypes.data) == 0
     x = np.ones(64, np.float32)
     assert lib.run_block_sums(1, 64, x.ctypes.data, out.ctypes.data) == 1  # the emulator recovers
+
+
+# -- kernel_emu.PlanMemory and HostReplay: the buffers every plan run (emulated or replayed) uses --
+
+
+def _plan(launches=1, alias=False):
+    buffers = (Buffer("x", "input", "float32", 8), Buffer("meta", "meta", "int64", 2),
+               Buffer("work", "workspace", "float32", 4), Buffer("out", "output", "float32", 8))
+    return LaunchPlan("selftest", "forward", buffers, (Launch("k", (1, 1, 1), (32, 1, 1), ("x", "meta", "out")),) * launches,
+                      host_data={"meta": np.array([3, 4])}, output_shapes={"out": (2, 4)},
+                      aliases={"out": "x"} if alias else {})
+
+
+def _replay(write):
+    return HostReplay(lambda memory, launch: write(memory))
+
+
+def test_plan_memory_lays_out_guarded_prefilled_buffers():
+    x = np.arange(8, dtype=np.float32)
+    memory = PlanMemory(_plan(), {"x": x}, {"x": 1, "out": 3})
+    assert memory.slots["x"].address % 64 == 4 and memory.slots["out"].address % 64 == 12
+    assert memory.slots["work"].address % 64 == 0
+    assert np.array_equal(memory.view("x"), x) and memory.view("meta").tolist() == [3, 4]
+    assert (memory.view("out").view(np.uint32) == FILL_BITS).all() and (memory.view("work").view(np.uint32) == FILL_BITS).all()
+    memory = PlanMemory(_plan(), {"x": x}, lambda b: 2 * (b.dtype == "float32"))
+    assert memory.slots["x"].address % 64 == 8 and memory.slots["meta"].address % 64 == 0
+
+
+def test_host_replay_returns_written_outputs_and_aliases():
+    x = np.arange(8, dtype=np.float32)
+
+    def write(memory):
+        memory.view("out")[:] = memory.view("x") * 2
+        return "path"
+    runner = _replay(write)
+    assert np.array_equal(runner.run(_plan(), {"x": x})["out"], (2 * x).reshape(2, 4))
+    assert runner.returned == [("k", "path")]
+    assert np.array_equal(_replay(write).run(_plan(launches=0, alias=True), {"x": x})["out"], x.reshape(2, 4))
+
+
+@pytest.mark.parametrize("fault, message", [
+    (lambda m: m.slots["out"].storage.__setitem__(m.slots["out"].start + 8, 0.0), "a write outside buffer out"),
+    (lambda m: m.slots["x"].storage.__setitem__(m.slots["x"].start - 1, 0.0), "a write outside buffer x"),
+    (lambda m: m.view("x").__setitem__(3, 9.0), "input x changed"),
+    (lambda m: m.view("meta").__setitem__(0, 9), "input meta changed"),
+    (lambda m: m.view("out").view(np.uint32).__setitem__(7, FILL_BITS), "out not fully written"),
+])
+def test_host_replay_reports_writes_outside_changed_inputs_and_unwritten_outputs(fault, message):
+    def write(memory):
+        memory.view("out")[:] = 1.0
+        fault(memory)
+    with pytest.raises(AssertionError, match=message):
+        _replay(write).run(_plan(), {"x": np.zeros(8, np.float32)})

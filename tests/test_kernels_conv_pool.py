@@ -5,92 +5,49 @@ float64 reference when driven by the op's own launch plans (NaN-prefilled, guard
 inputs checked intact); its index arithmetic matches brute force; its plans are legal."""
 
 import ctypes
-import dataclasses
 import itertools
 import re
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from capsule_core import registry
-from capsule_core.backends.cpu import REFERENCE
-from capsule_core.kernels import cuda_source_dir, find_nvcc
-from capsule_core.launch import parse_param, plan_functions, plan_problems
-from capsule_core.numerics import compare
+from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.launch import parse_param
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import Sample, numel, seeded_rng, shapes_of, validate
+from capsule_core.ops.base import Sample, numel, seeded_rng, validate
 from capsule_core.plans import conv_pool as plans
-from hostmath import load
+from family_checks import (REGISTERS_PER_SM, SHARED_PER_BLOCK, build_problems, cases, check_host_model, compiled,
+                           cotangent, family_ops, missed_faults, plan_case_problems, same_bits, signature_problems,
+                           symbols)
+from hostmath import CTYPES, F32P, I64P, declare, declare_kernels, f32_ptr, load
+from kernel_emu import HostReplay
+from kernel_emu import emulator as family_emulator
 
+FAMILY = "conv_pool"
 OPS = ("conv", "conv_transpose", "max_pool", "smooth_max_pool", "avg_pool")
 CONVS = ("conv", "conv_transpose")
 POOLS = ("max_pool", "smooth_max_pool", "avg_pool")
-ARCHS = ("sm_80", "sm_90")
-FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
-SOURCE = cuda_source_dir() / "conv_pool.cu"
-
-
-def symbols(op):
-    return {ref.symbol: ref for ref in registry.lookup(op).symbols}
-
-
-ALL_SYMBOLS = {name: ref for op in OPS for name, ref in symbols(op).items()}
+ALL_SYMBOLS = symbols(*OPS)
+MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
+"""__launch_bounds__(128, n) of the GEMM kernels: at most 65536 / (128·n) registers."""
 
 
 # -- the build ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """conv_pool.cu compiled once per arch (in parallel): ptxas's report and the PTX."""
-    def compile_for(arch):
-        out = tmp_path_factory.mktemp(f"conv_pool_{arch}")
-        cmd = [str(find_nvcc().path), *FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-               "-I", str(cuda_source_dir()), "-cubin", "-keep", "-keep-dir", str(out), "-o", str(out / "conv_pool.cubin"),
-               str(SOURCE)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        ptx = out / "conv_pool.ptx"
-        return arch, (result, ptx.read_text() if ptx.exists() else "")
-    with ThreadPoolExecutor(len(ARCHS)) as pool:
-        return dict(pool.map(compile_for, ARCHS))
+@pytest.mark.parametrize("arch", ARCHES)
+def test_compiles_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch, max_registers=gemm_registers) == []
+    for name, r in compiled(FAMILY)[arch].resources.items():
+        assert r.shared_bytes <= SHARED_PER_BLOCK, f"{name}: {r.shared_bytes} bytes of static shared memory"
 
 
-def ptxas_report(stderr: str) -> dict:
-    """{kernel: (registers, stack frame bytes, spill store bytes, spill load bytes, shared bytes)}."""
-    report = {}
-    for block in re.split(r"Compiling entry function ", stderr)[1:]:
-        name = re.match(r"'(\w+)'", block)[1]
-        frame, stores, loads = map(int, re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                                                  block).groups())
-        smem = re.search(r"(\d+) bytes smem", block)
-        report[name] = (int(re.search(r"Used (\d+) registers", block)[1]), frame, stores, loads, int(smem[1]) if smem else 0)
-    return report
-
-
-def ptx_entries(ptx: str) -> dict:
-    return {m[1]: re.findall(r"\.param \.(\w+) ", m[2]) for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx)}
-
-
-PTX_TYPES = {"float": "f32", "int64_t": "u64", "uint64_t": "u64", "int32_t": "u32"}
-MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
-"""__launch_bounds__(128, n) of the GEMM kernels: at most 65536 / (128·n) registers."""
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_warnings_or_spills(build, arch):
-    result, _ = build[arch]
-    assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
-    report = ptxas_report(result.stderr)
-    assert set(report) == set(ALL_SYMBOLS), "every kernel of the file is a registered entry point"
-    for name, (registers, frame, stores, loads, smem) in report.items():
-        assert frame == stores == loads == 0, f"{name} spills on {arch}"
-        assert smem <= 48 * 1024, f"{name}: {smem} bytes of static shared memory"
-        suffix = re.sub(r"^capsule_(conv_transpose|conv)_", "", name)
-        if name.startswith("capsule_conv") and suffix in MIN_BLOCKS:
-            assert registers * plans.GEMM_THREADS * MIN_BLOCKS[suffix] <= 65536, f"{name}: {registers} registers"
+def gemm_registers(name):
+    """The register budget of __launch_bounds__(GEMM_THREADS, MIN_BLOCKS) for the GEMM kernels."""
+    suffix = re.sub(r"^capsule_(conv_transpose|conv)_", "", name)
+    if name.startswith("capsule_conv") and suffix in MIN_BLOCKS:
+        return REGISTERS_PER_SM // (plans.GEMM_THREADS * MIN_BLOCKS[suffix])
+    return None
 
 
 def test_plan_constants_match_the_kernels():
@@ -104,47 +61,25 @@ def test_plan_constants_match_the_kernels():
     assert f"static constexpr int BM = {bm}, BN = {bn}, BK = {bk}," in header
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_ptx_entries_have_the_declared_parameter_lists(build, arch):
-    entries = ptx_entries(build[arch][1])
-    for name, ref in ALL_SYMBOLS.items():
-        assert name in entries, f"no .entry {name} in the {arch} PTX"
-        expected = ["u64" if p.pointer else PTX_TYPES[p.ctype] for p in map(parse_param, ref.params)]
-        assert entries[name] == expected, f"{name}: PTX {entries[name]} for the declared {ref.params}"
-
-
 def test_source_spells_out_each_declared_signature():
-    source = re.sub(r"\s+", " ", SOURCE.read_text())
-    for name, ref in ALL_SYMBOLS.items():
-        assert ref.path == "cuda/conv_pool.cu"
-        pattern = (r'extern "C" __global__ (?:__launch_bounds__\([^)]*\) )?void ' + re.escape(f"{name}({', '.join(ref.params)})"))
-        assert re.search(pattern, source), f"{name}: the source does not declare the registry's parameter list"
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
 
 
 # -- the host library -------------------------------------------------------------------------------
 
-C_TYPES = {"float": ctypes.c_float, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32}
-I64P = ctypes.POINTER(ctypes.c_int64)
-F32P = ctypes.POINTER(ctypes.c_float)
 POOL_ARGS = [ctypes.c_int64] * 16
 
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    lib = load("conv_pool_host", host_build_dir)
-    for name, ref in ALL_SYMBOLS.items():
-        fn = getattr(lib, name.replace("capsule_", "host_", 1))
-        fn.restype = None
-        fn.argtypes = [F32P if p.pointer else C_TYPES[p.ctype] for p in map(parse_param, ref.params)]
-    lib.host_source.restype = ctypes.c_int64
-    lib.host_source.argtypes = [ctypes.c_int32] + [ctypes.c_int64] * 5
-    lib.host_covering.restype = None
-    lib.host_covering.argtypes = [ctypes.c_int64] * 5 + [I64P]
-    lib.host_window_argmax.restype = None
-    lib.host_window_argmax.argtypes = [F32P, I64P, F32P] + POOL_ARGS
-    lib.host_corr_gather.restype = None
-    lib.host_corr_gather.argtypes = [ctypes.c_int32] + [ctypes.c_int64] * 17 + [I64P]
-    return lib
+    lib = declare_kernels(load("conv_pool_host", host_build_dir), ALL_SYMBOLS.values())
+    return declare(lib, {
+        "host_source": (ctypes.c_int64, [ctypes.c_int32] + [ctypes.c_int64] * 5),
+        "host_covering": [ctypes.c_int64] * 5 + [I64P],
+        "host_window_argmax": [F32P, I64P, F32P] + POOL_ARGS,
+        "host_corr_gather": [ctypes.c_int32] + [ctypes.c_int64] * 17 + [I64P],
+    })
 
 
 # -- index arithmetic -----------------------------------------------------------------------------------
@@ -273,62 +208,21 @@ def test_implicit_gemm_gather_map(lib, transposed, x_shape, w_shape, stride, pad
 
 # -- running the plans on the host -------------------------------------------------------------------------
 
-GUARD = 64
-GUARD_BITS = np.uint32(0x7F8A5A5A)
-"""Signalling-NaN sentinel around every buffer."""
-FILL_BITS = np.uint32(0x7FBADBAD)
-"""Signalling-NaN prefill of outputs and workspaces: no kernel result has these bits."""
-
-
-@dataclasses.dataclass
-class _Slot:
-    raw: np.ndarray
-    start: int
-    size: int
-
-    @property
-    def view(self):
-        return self.raw[self.start:self.start + self.size]
+def replay(lib) -> HostReplay:
+    """Plans executed with the host kernels in kernel_emu.PlanMemory: guard bands, outputs and
+    workspaces prefilled, guards and inputs checked intact, every output element written."""
+    def call(memory, launch):
+        params = map(parse_param, ALL_SYMBOLS[launch.symbol].params)
+        args = [f32_ptr(memory.view(arg)) if param.pointer else CTYPES[param.ctype](arg)
+                for param, arg in zip(params, launch.args, strict=True)]
+        getattr(lib, launch.symbol.replace("capsule_", "host_", 1))(*args)
+    return HostReplay(call)
 
 
 def run_plan(lib, plan, arrays, shift=0):
-    """Execute a LaunchPlan with the host kernels: every buffer inside a guard-banded allocation
-    (offset by `shift` floats: shift = 1 makes every buffer misaligned), outputs and workspaces
-    prefilled with FILL_BITS. Returns the outputs; asserts guards and inputs intact, every
-    output element written."""
-    syms = {r.symbol: r for r in registry.lookup(plan.op).symbols}
-    slots = {}
-    for b in plan.buffers:
-        raw = np.full(b.elements + 2 * GUARD + shift, GUARD_BITS, np.uint32).view(np.float32)
-        slot = _Slot(raw, GUARD + shift, b.elements)
-        if b.role == "input":
-            slot.view[...] = np.asarray(arrays[b.name], np.float32).ravel()
-        else:
-            slot.view.view(np.uint32)[...] = FILL_BITS
-        slots[b.name] = slot
-    before = {b.name: slots[b.name].view.copy() for b in plan.buffers if b.role == "input"}
-    for launch in plan.launches:
-        ref = syms[launch.symbol]
-        args = []
-        for param, arg in zip(map(parse_param, ref.params), launch.args, strict=True):
-            if param.pointer:
-                slot = slots[arg]
-                args.append(slot.raw[slot.start:].ctypes.data_as(F32P))
-            else:
-                args.append(C_TYPES[param.ctype](arg))
-        getattr(lib, launch.symbol.replace("capsule_", "host_", 1))(*args)
-    for name, slot in slots.items():
-        head, tail = slot.raw[:slot.start].view(np.uint32), slot.raw[slot.start + slot.size:].view(np.uint32)
-        assert (head == GUARD_BITS).all() and (tail == GUARD_BITS).all(), f"{plan.op} {plan.direction}: write outside {name}"
-    for name, values in before.items():
-        assert np.array_equal(slots[name].view.view(np.uint32), values.view(np.uint32)), f"{plan.op}: input {name} modified"
-    outputs = {}
-    for b in plan.buffers:
-        if b.role == "output":
-            bits = slots[b.name].view.view(np.uint32)
-            assert not (bits == FILL_BITS).any(), f"{plan.op} {plan.direction}: {b.name} not fully written"
-            outputs[b.name] = slots[b.name].view.copy().reshape(plan.output_shapes[b.name])
-    return outputs
+    """Execute a LaunchPlan with the host kernels, every buffer `shift` floats off a 64-byte boundary
+    (shift = 1 makes every buffer misaligned). Returns the outputs."""
+    return replay(lib).run(plan, arrays, lambda b: shift)
 
 
 def host_forward(lib, spec, arrays, p, shift=0):
@@ -342,40 +236,16 @@ def host_vjp(lib, spec, arrays, p, g, shift=0):
 
 
 def check_forward(lib, spec, sample, shift=0):
-    arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    y = host_forward(lib, spec, arrays, p, shift)
-    r = REFERENCE.forward(spec, sample.inputs, **sample.params)
-    m = REFERENCE.magnitude(spec, sample.inputs, **sample.params)
-    n = spec.error.length(shapes_of(arrays), p) if hasattr(spec.error, "length") else 1
-    result = compare(y, r, m, spec.error, n, sample.worst_case)
-    assert result.passed, f"{spec.name} forward {sample.summary()}: {result.reason} (worst {result.worst:.3g})"
-    return result.worst
+    return check_host_model(spec.name, sample, forward=lambda arrays, p: host_forward(lib, spec, arrays, p, shift))
 
 
 def check_vjp(lib, spec, sample, shift=0):
-    arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-    g = seeded_rng(spec.name, f"g/{sample.case}").standard_normal(out_shape).astype(np.float32)
-    got = host_vjp(lib, spec, arrays, p, g, shift)
-    r = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
-    m = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
-    assert set(got) == set(spec.differentiable)
-    worst = 0.0
-    for name in spec.differentiable:
-        model = spec.vjp_error_for(name)
-        n = model.length(shapes_of(arrays), p) if hasattr(model, "length") else 1
-        result = compare(got[name], r[name], m[name], model, n, sample.worst_case)
-        assert result.passed, f"{spec.name} d{name} {sample.summary()}: {result.reason} (worst {result.worst:.3g})"
-        worst = max(worst, result.worst)
-    return worst
+    return check_host_model(spec.name, sample, vjp=lambda arrays, p, g: host_vjp(lib, spec, arrays, p, g, shift))
 
 
 def host_cases(spec):
     """small, medium and edges; large too for the pools (cheap on the host)."""
-    sizes = ("small", "medium", "large") if spec.name in POOLS else ("small", "medium")
-    out = []
-    for size in sizes:
-        out += spec.samples(size, seeded_rng(spec.name, size))
-    return out + spec.edges()
+    return cases(spec.name, ("small", "medium", "large") if spec.name in POOLS else ("small", "medium"))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -492,11 +362,8 @@ def test_host_weight_gradient_is_deterministic(lib):
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    kernel_emu = pytest.importorskip("kernel_emu")
-    if kernel_emu.compiler() is None:
-        pytest.skip("no C++ compiler (g++) for the emulator")
-    return kernel_emu.PlanRunner("conv_pool", str(tmp_path_factory.mktemp("conv_pool-emu")), max_grid=4)
+def emulator(host_build_dir):
+    return family_emulator(FAMILY, host_build_dir, max_grid=(4, 4))
 
 
 def emulator_cases(spec):
@@ -510,17 +377,16 @@ def test_emulated_kernels_match_the_host_replay_bitwise(lib, emulator, op):
     forward_plan, backward_plan = plans.PLANS[op]
     for i, sample in enumerate(emulator_cases(spec)):
         arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        g = seeded_rng(op, f"g/{sample.case}").standard_normal(out_shape).astype(np.float32)
+        g = cotangent(op, sample.case, out_shape)
         shift = i % 2  # every other case misaligned: the vector paths and the scalar ones
         fwd, bwd = forward_plan(arrays, p), backward_plan(arrays, p)
-        misalign = {b.name: shift for b in fwd.buffers + bwd.buffers}
         y_host = run_plan(lib, fwd, arrays, shift)["out"]
-        y_emu = emulator.run(fwd, arrays, misalign)["out"]
-        assert np.array_equal(y_host.view(np.uint32), y_emu.view(np.uint32)), f"{op} forward {sample.summary()}"
+        y_emu = emulator.run(fwd, arrays, lambda b: shift)["out"]
+        assert same_bits(y_host, y_emu), f"{op} forward {sample.summary()}"
         grads_host = run_plan(lib, bwd, {**arrays, "out": y_host, "g": g}, shift)
-        grads_emu = emulator.run(bwd, {**arrays, "out": y_host, "g": g}, misalign)
+        grads_emu = emulator.run(bwd, {**arrays, "out": y_host, "g": g}, lambda b: shift)
         for name, v in grads_host.items():
-            assert np.array_equal(v.view(np.uint32), grads_emu[name].view(np.uint32)), f"{op} {name} {sample.summary()}"
+            assert same_bits(v, grads_emu[name]), f"{op} {name} {sample.summary()}"
 
 
 @pytest.mark.parametrize("op", CONVS)
@@ -537,46 +403,26 @@ def test_emulated_conv_with_several_channel_tiles_and_splits(lib, emulator, op, 
         monkeypatch.setattr(plans, "weight_splits", lambda *a: splits)
         fwd, bwd = plans.PLANS[op][0](arrays, p), plans.PLANS[op][1](arrays, p)
         y = run_plan(lib, fwd, arrays)["out"]
-        assert np.array_equal(y.view(np.uint32), emulator.run(fwd, arrays)["out"].view(np.uint32))
+        assert same_bits(y, emulator.run(fwd, arrays)["out"])
         want = run_plan(lib, bwd, {**arrays, "g": g})
         got = emulator.run(bwd, {**arrays, "g": g})
         for name in want:
-            assert np.array_equal(want[name].view(np.uint32), got[name].view(np.uint32)), f"{op} {name} splits={splits}"
+            assert same_bits(want[name], got[name]), f"{op} {name} splits={splits}"
 
 
 # -- launch plans -------------------------------------------------------------------------------------------
 
 
-def all_samples(spec):
-    out = []
-    for size in ("small", "medium", "large"):
-        out += spec.samples(size, seeded_rng(spec.name, size))
-    return out + spec.edges()
+def _static_shared_memory_only(case):
+    for plan in case.plans:
+        for launch in plan.launches:
+            assert launch.shared_bytes == 0, "static shared memory only (no opt-in needed)"
+            assert launch.grid[0] >= 1
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    spec = get_spec(op)
-    capsule = registry.lookup(op)
-    forward_plan, backward_plan = plan_functions(capsule)
-    assert plans.PLANS[op] == (forward_plan, backward_plan)
-    syms = {r.symbol: r for r in capsule.symbols}
-    for sample in all_samples(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        r_out = REFERENCE.forward(spec, sample.inputs, **sample.params)
-        g = np.zeros(r_out.shape, np.float32)
-        grad_shapes = {k: v.shape for k, v in REFERENCE.vjp(spec, sample.inputs, g, **sample.params).items()}
-        fwd, bwd = forward_plan(arrays, p), backward_plan(arrays, p)
-        for arch in ARCHS:
-            for plan in (fwd, bwd):
-                assert plan_problems(plan, syms, arch) == [], f"{op} {plan.direction} {sample.summary()}"
-        assert dict(fwd.output_shapes) == {"out": r_out.shape} and tuple(out_shape) == r_out.shape
-        assert dict(bwd.output_shapes) == {f"d{k}": v for k, v in grad_shapes.items()}
-        assert {b.name for b in fwd.buffers if b.role == "input"} == {t.name for t in spec.inputs}
-        for plan in (fwd, bwd):
-            for launch in plan.launches:
-                assert launch.shared_bytes == 0, "static shared memory only (no opt-in needed)"
-                assert launch.grid[0] >= 1
+    assert plan_case_problems(op, reference_shapes=np.inf, check=_static_shared_memory_only) == []
 
 
 def test_large_conv_sample_launch_shape():
@@ -600,19 +446,13 @@ def test_planted_launch_faults_are_caught():
     (sample,) = spec.samples("large", seeded_rng("conv", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
     plan = plans.PLANS["conv"][1](arrays, p)
-    syms = symbols("conv")
     launch = plan.launches[1]
     assert launch.symbol == "capsule_conv_bwd_w"
-
-    def problems(**changes):
-        launches = list(plan.launches)
-        launches[1] = dataclasses.replace(launch, **changes)
-        return plan_problems(dataclasses.replace(plan, launches=tuple(launches)), syms)
-
-    assert plan_problems(plan, syms) == []
-    assert any("2048 threads" in m for m in problems(block=(2048, 1, 1)))
-    assert any("22 arguments for 23" in m for m in problems(args=launch.args[:-1]))
-    assert any("writable" in m for m in problems(args=("x", "g", "x", *launch.args[3:])))
-    assert any("needs a number" in m for m in problems(args=(*launch.args[:-1], "dw")))
-    assert any("not declared" in m for m in problems(symbol="capsule_max_pool_bwd"))
-    assert any("grid dimension 0" in m for m in problems(grid=(0, 1, 1)))
+    assert missed_faults(plan, symbols("conv"), [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("22 arguments for 23", {"args": launch.args[:-1]}),
+        ("writable", {"args": ("x", "g", "x", *launch.args[3:])}),
+        ("needs a number", {"args": (*launch.args[:-1], "dw")}),
+        ("not declared", {"symbol": "capsule_max_pool_bwd"}),
+        ("grid dimension 0", {"grid": (0, 1, 1)}),
+    ], index=1) == []

@@ -10,35 +10,28 @@ import dataclasses
 import numpy as np
 import pytest
 
-from capsule_core import registry
-from capsule_core.launch import plan_functions, plan_problems
+from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import index as plans
-from hostmath import load
-from test_kernels_view import (ARCHS, UNWRITTEN_BITS, _alloc, all_samples, bits, check_build, check_sample,
-                               check_source_signatures, compile_family, emulator, gradients, i64, plan_inputs,
-                               ptxas_report, run_plan, symbols)
+from family_checks import (bits, build_problems, cases, counted_replay, family_ops, gradients, missed_faults,
+                           paths_taken, plan_case_problems, plan_inputs, same_bits, signature_problems, symbols)
+from hostmath import declare, i64, load
+from kernel_emu import emulator as family_emulator
+from kernel_emu import guarded, prefilled
 
-OPS = ("gather", "scatter_add")
 FAMILY = "index"
-SYMBOLS = symbols(OPS)
-REGISTERS_PER_SM = 65536
+OPS = ("gather", "scatter_add")
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    return compile_family(FAMILY, tmp_path_factory.mktemp(FAMILY))
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_warnings_or_spills_with_the_declared_entries(build, arch):
-    check_build(build, arch, SYMBOLS)
+@pytest.mark.parametrize("arch", ARCHES)
+def test_compiles_without_warnings_or_spills_with_the_declared_entries(arch):
+    assert build_problems(FAMILY, arch) == []
 
 
 def test_source_spells_out_each_declared_signature():
-    from capsule_core.kernels import cuda_source_dir
-    check_source_signatures(cuda_source_dir() / f"{FAMILY}.cu", SYMBOLS)
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
 
 
 # -- the host harness -------------------------------------------------------------------------------
@@ -46,9 +39,8 @@ def test_source_spells_out_each_declared_signature():
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    lib = load("index_host", host_build_dir)
     p, i64_, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    signatures = {
+    return declare(load("index_host", host_build_dir), {
         "host_gather_fwd": (i32, [p, p, p] + [i64_] * 4),
         "host_segment_sum": (i32, [p, p, p, p, p] + [i64_] * 4 + [i32]),
         "host_segment_warp_mode": (i32, [i64_] * 4),
@@ -56,11 +48,7 @@ def lib(host_build_dir):
         "host_segment": (None, [i64_, i64_, i64_, i64_, p, p]),
         "host_gather_source": (i64_, [i64_, i64_, i64_, i64_, p, i32]),
         "host_misaligned_accesses": (i64_, []),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        getattr(lib, name).restype = restype
-        getattr(lib, name).argtypes = argtypes
-    return lib
+    })
 
 
 HOST_CALLS = {
@@ -76,8 +64,7 @@ def segment_sum(lib, src, index, base_shape, axis, base=None, block=plans.BLOCK)
     outer, size, inner = plans._axis_view(base_shape, axis)
     order, starts = plans.csr(index, size)
     n = outer * size * inner
-    _, out = _alloc(n, np.float32, False)
-    out.view(np.uint32)[...] = UNWRITTEN_BITS
+    out = prefilled(n)
     src = np.ascontiguousarray(src, np.float32)
     base_ptr = None if base is None else np.ascontiguousarray(base, np.float32).ctypes.data
     mode = lib.host_segment_sum(base_ptr, src.ctypes.data, order.ctypes.data, starts.ctypes.data, out.ctypes.data,
@@ -85,65 +72,66 @@ def segment_sum(lib, src, index, base_shape, axis, base=None, block=plans.BLOCK)
     return out.reshape(base_shape), mode
 
 
-# -- every sample and edge, replayed on the host ------------------------------------------------------
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_plans_replayed_on_the_host_meet_the_contract(lib, op):
-    spec = get_spec(op)
-    for sample in all_samples(spec):
-        check_sample(lib, spec, sample, host_calls=HOST_CALLS)
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_unaligned_buffers_take_the_scalar_paths(lib, op):
-    spec = get_spec(op)
-    for sample in all_samples(spec, ("small", "medium")):
-        check_sample(lib, spec, sample, misalign=True, host_calls=HOST_CALLS)
+@pytest.fixture(scope="module")
+def host(lib):
+    return counted_replay(lib, HOST_CALLS)
 
 
 @pytest.fixture(scope="module")
 def emu(host_build_dir):
-    return emulator(FAMILY, host_build_dir)
+    return family_emulator(FAMILY, host_build_dir)
+
+
+# -- every sample and edge, replayed on the host ------------------------------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_kernels_run_unchanged_on_the_emulator(lib, emu, op):
+def test_plans_replayed_on_the_host_meet_the_contract(host, op):
+    for sample in cases(op):
+        paths_taken(host, op, sample)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_unaligned_buffers_take_the_scalar_paths(host, op):
+    for sample in cases(op, ("small", "medium")):
+        paths_taken(host, op, sample, misaligned=True)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_kernels_run_unchanged_on_the_emulator(emu, op):
     """cuda/index.cu itself (warp shuffles, grid-stride loops, both sum modes) on every sample and
     edge, then 4 bytes off alignment."""
-    spec = get_spec(op)
-    for sample in all_samples(spec):
-        check_sample(lib, spec, sample, runner=emu)
-    for sample in all_samples(spec, ("small",)):
-        check_sample(lib, spec, sample, misalign=True, runner=emu)
+    for sample in cases(op):
+        paths_taken(emu, op, sample)
+    for sample in cases(op, ("small",)):
+        paths_taken(emu, op, sample, misaligned=True)
 
 
-def test_both_gather_paths_and_both_sum_modes_are_exercised(lib):
+def test_both_gather_paths_and_both_sum_modes_are_exercised(host):
     seen = set()
     for op in OPS:
-        spec = get_spec(op)
-        for sample in all_samples(spec):
-            seen.update(check_sample(lib, spec, sample, host_calls=HOST_CALLS))
+        for sample in cases(op):
+            seen.update(paths_taken(host, op, sample))
     assert {m for s, m in seen if s == "capsule_gather_fwd"} == {0, 1}, "word and 16-byte gathers"
     assert {m for s, m in seen if s in ("capsule_gather_bwd", "capsule_scatter_add_fwd")} == {0, 1}, "thread and warp sums"
 
 
-def test_bits_survive_gathers(lib):
+def test_bits_survive_gathers(host):
     payloads = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000], np.uint32).view(np.float32)
     x = np.resize(payloads, (3, 6, 8))
     for axis, index in ((1, np.array([5, 0, 0, 3, 2, 1, 4])), (2, np.array([7, 7, 1])), (0, np.array([2, 0]))):
         spec = get_spec("gather")
         arrays, p, _ = validate(spec, {"x": x, "index": index}, {"axis": axis}, np.float32)
-        y = run_plan(lib, HOST_CALLS, plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays, "forward"))["out"]
-        assert np.array_equal(bits(y), bits(np.take(x, index, axis=axis)))
+        y = host.run(plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays))["out"]
+        assert same_bits(y, np.take(x, index, axis=axis))
         spec = get_spec("scatter_add")
         base = x
         src = np.resize(payloads[::-1], np.take(x, index, axis=axis).shape)
         arrays, p, _ = validate(spec, {"base": base, "index": index, "src": src}, {"axis": axis}, np.float32)
         g = x
-        out = run_plan(lib, HOST_CALLS, plans.PLANS["scatter_add"][1](arrays, p), plan_inputs(spec, arrays, "backward", g))
+        out = host.run(plans.PLANS["scatter_add"][1](arrays, p), {**plan_inputs(spec, arrays), "g": g})
         got = gradients(spec, out)
-        assert np.array_equal(bits(got["base"]), bits(g)) and np.array_equal(bits(got["src"]), bits(np.take(g, index, axis=axis)))
+        assert same_bits(got["base"], g) and same_bits(got["src"], np.take(g, index, axis=axis))
 
 
 # -- the index arithmetic and the CSR order ---------------------------------------------------------------
@@ -169,7 +157,8 @@ def test_gather_guards_an_index_out_of_range(lib):
     for inner_vec in (False, True):
         xs = np.repeat(x, 4) if inner_vec else x
         inner = 4 if inner_vec else 1
-        _, y = _alloc(4 * inner, np.float32, False)
+        y = guarded(4 * inner).view
+        y[...] = 7.0  # written where the index is good (0 and 2) and where it is not (NaN)
         lib.host_gather_fwd(xs.ctypes.data, index.ctypes.data, y.ctypes.data, 1, 5, inner, 4)
         y = y.reshape(4, inner)
         assert np.isnan(y[1:3]).all() and (y[0] == 0).all() and (y[3] == 2).all()
@@ -213,7 +202,7 @@ def test_thread_sums_reproduce_np_add_at_bit_for_bit(lib, axis):
             np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src, axis, 0))
             got, mode = segment_sum(lib, src, index, shape, axis, b, block=33)  # partial warps: thread mode
             assert mode == 0
-            assert np.array_equal(bits(got), bits(want)), (count, b is None)
+            assert same_bits(got, want), (count, b is None)
 
 
 @pytest.mark.parametrize("block", [32, 256, 1024])
@@ -233,7 +222,7 @@ def test_warp_sums_of_long_segments(lib, block):
         np.add.at(np.moveaxis(magnitude, axis, 0), index, np.moveaxis(np.abs(src.astype(np.float64)), axis, 0))
         assert (np.abs(got - want) <= count * 2.0**-24 * magnitude + 1e-30).all()
         again, _ = segment_sum(lib, src, index, shape, axis, block=block)
-        assert np.array_equal(bits(got), bits(again))
+        assert same_bits(got, again)
 
 
 def test_python_mirror_of_the_warp_mode_agrees(lib):
@@ -256,51 +245,22 @@ def test_special_values_sum_like_the_reference(lib):
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    spec = get_spec(op)
-    capsule = registry.lookup(op)
-    assert plan_functions(capsule) == plans.PLANS[op]
-    syms = {r.symbol: r for r in capsule.symbols}
-    for sample in all_samples(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        fwd, bwd = plans.PLANS[op][0](arrays, p), plans.PLANS[op][1](arrays, p)
-        for arch in ARCHS:
-            for plan in (fwd, bwd):
-                assert plan_problems(plan, syms, arch) == [], f"{op} {plan.direction} {sample.summary()}"
-        assert dict(fwd.output_shapes) == {"out": out_shape}
-        want = {f"d{t.name}": arrays[t.name].shape for t in spec.inputs if t.differentiable}
-        assert dict(bwd.output_shapes) == want
-        inputs = {b.name for b in fwd.buffers if b.role == "input"}
-        assert inputs <= {t.name for t in spec.inputs}
-
-
-def test_launches_fit_the_registers(build):
-    for arch in ARCHS:
-        report = ptxas_report(build[arch][0].stderr)
-        for op in OPS:
-            spec = get_spec(op)
-            for sample in all_samples(spec):
-                arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-                for plan_fn in plans.PLANS[op]:
-                    for launch in plan_fn(arrays, p).launches:
-                        registers = -(-report[launch.symbol][0] // 8) * 8
-                        assert launch.block[0] * registers <= REGISTERS_PER_SM
+    """plan_case_problems (legal, fitting the registers, the declared outputs); scatter_add's forward
+    reads the index as its CSR order (meta buffers), not as an input."""
+    assert plan_case_problems(op, all_inputs=False) == []
 
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec("gather")
     arrays, p, _ = validate(spec, {"x": np.zeros((6, 4), np.float32), "index": np.array([1, 1, 5])}, {"axis": 0}, np.float32)
     plan = plans.PLANS["gather"][1](arrays, p)
-    syms = symbols(["gather"])
     (launch,) = plan.launches
-
-    def problems(**changes):
-        return plan_problems(dataclasses.replace(plan, launches=(dataclasses.replace(launch, **changes),)), syms)
-
-    assert plan_problems(plan, syms) == []
-    assert any("2048 threads" in m for m in problems(block=(2048, 1, 1)))
-    assert any("7 arguments for 8" in m for m in problems(args=launch.args[:7]))
-    assert any("order is int64_t* but buffer g holds float32" in m for m in problems(args=("g", "g", *launch.args[2:])))
-    assert any("dx is float* but buffer starts holds int64" in m for m in problems(args=(*launch.args[:3], "starts", *launch.args[4:])))
-    assert any("writable but buffer g" in m for m in problems(args=(*launch.args[:3], "g", *launch.args[4:])))
     short = dataclasses.replace(plan, host_data={**plan.host_data, "starts": plan.host_data["starts"][:-1]})
-    assert any("meta buffer starts" in m for m in plan_problems(short, syms))
+    assert missed_faults(plan, symbols("gather"), [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("7 arguments for 8", {"args": launch.args[:7]}),
+        ("order is int64_t* but buffer g holds float32", {"args": ("g", "g", *launch.args[2:])}),
+        ("dx is float* but buffer starts holds int64", {"args": (*launch.args[:3], "starts", *launch.args[4:])}),
+        ("writable but buffer g", {"args": (*launch.args[:3], "g", *launch.args[4:])}),
+        ("meta buffer starts", short),
+    ]) == []

@@ -5,35 +5,27 @@ SGEMM tiles reproduce the plain sequential FMA chain of every output exactly; th
 for every sample."""
 
 import ctypes
-import dataclasses
 import re
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from capsule_core import registry
-from capsule_core.backends.cpu import REFERENCE
-from capsule_core.kernels import cuda_source_dir, find_nvcc
-from capsule_core.launch import STATIC_SHARED_LIMIT, parse_param, plan_functions, plan_problems
+from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.launch import STATIC_SHARED_LIMIT, parse_param
 from capsule_core.numerics import compare
+from capsule_core.backends.cpu import REFERENCE
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import seeded_rng, shapes_of, validate
+from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import linalg as plans
-from hostmath import f32_ptr, load
+from family_checks import (build_problems, cases, compared, compiled, emulate, family_ops, missed_faults,
+                           plan_case_problems, signature_problems, symbols)
+from hostmath import declare, declare_kernels, f32_ptr, load
+from kernel_emu import HostReplay
 
+FAMILY = "linalg"
 OPS = ("matmul", "linear", "mse_loss")
-ARCHS = ("sm_80", "sm_90")
-FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
 SOURCE = cuda_source_dir() / "linalg.cu"
-
-
-def symbols(op):
-    return {ref.symbol: ref for ref in registry.lookup(op).symbols}
-
-
-ALL_SYMBOLS = {name: ref for op in OPS for name, ref in symbols(op).items()}
+ALL_SYMBOLS = symbols(*OPS)
 GEMM_SYMBOLS = {"capsule_matmul_fwd", "capsule_matmul_bwd_a", "capsule_matmul_bwd_b",
                 "capsule_linear_fwd", "capsule_linear_bwd_x", "capsule_linear_bwd_w"}
 THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
@@ -42,71 +34,20 @@ THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
 # -- the build --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """linalg.cu compiled once per arch (in parallel): ptxas's report and the PTX."""
-    def compile_for(arch):
-        out = tmp_path_factory.mktemp(f"linalg_{arch}")
-        cmd = [str(find_nvcc().path), *FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-               "-I", str(cuda_source_dir()), "-cubin", "-keep", "-keep-dir", str(out), "-o", str(out / "linalg.cubin"),
-               str(SOURCE)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        ptx = out / "linalg.ptx"
-        return arch, (result, ptx.read_text() if ptx.exists() else "")
-    with ThreadPoolExecutor(len(ARCHS)) as pool:
-        return dict(pool.map(compile_for, ARCHS))
+@pytest.mark.parametrize("arch", ARCHES)
+def test_compiles_without_warnings_or_spills(arch):
+    """GEMMs: two 256-thread blocks per multiprocessor (128 registers, 2 × 16.5 KB of shared memory);
+    the reductions: 1024-thread blocks (64 registers)."""
+    assert build_problems(FAMILY, arch, max_registers=lambda name: 128 if name in GEMM_SYMBOLS else 64) == []
+    for name in GEMM_SYMBOLS:
+        smem = compiled(FAMILY)[arch].resources[name].shared_bytes
+        assert smem == 2 * 8 * (132 + 132) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
 
 
-def ptxas_report(stderr: str) -> dict:
-    """{kernel: (registers, stack frame bytes, spill store bytes, spill load bytes, static shared bytes)}."""
-    report = {}
-    for block in re.split(r"Compiling entry function ", stderr)[1:]:
-        name = re.match(r"'(\w+)'", block)[1]
-        frame, stores, loads = map(int, re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                                                  block).groups())
-        smem = re.search(r"(\d+) bytes smem", block)
-        report[name] = (int(re.search(r"Used (\d+) registers", block)[1]), frame, stores, loads,
-                        int(smem[1]) if smem else 0)
-    return report
-
-
-def ptx_entries(ptx: str) -> dict:
-    return {m[1]: re.findall(r"\.param \.(\w+) ", m[2]) for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx)}
-
-
-PTX_TYPES = {"float": "f32", "int64_t": "u64", "uint64_t": "u64", "int32_t": "u32"}
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_warnings_or_spills(build, arch):
-    result, _ = build[arch]
-    assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
-    report = ptxas_report(result.stderr)
-    assert set(report) == set(ALL_SYMBOLS), "every kernel of the file is a registered entry point"
-    for name, (registers, frame, stores, loads, smem) in report.items():
-        assert frame == stores == loads == 0, f"{name} uses local memory on {arch}"
-        if name in GEMM_SYMBOLS:
-            # Two 256-thread blocks per multiprocessor: 128 registers, 2 × 16.5 KB of shared memory.
-            assert registers <= 128 and 2 * 256 * registers <= 65536, f"{name}: {registers} registers"
-            assert smem == 2 * 8 * (132 + 132) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
-        else:
-            assert registers <= 64, f"{name}: {registers} registers on {arch} (1024-thread blocks need 64)"
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_ptx_entries_have_the_declared_parameter_lists(build, arch):
-    entries = ptx_entries(build[arch][1])
-    for name, ref in ALL_SYMBOLS.items():
-        assert name in entries, f"no .entry {name} in the {arch} PTX"
-        expected = ["u64" if p.pointer else PTX_TYPES[p.ctype] for p in map(parse_param, ref.params)]
-        assert entries[name] == expected, f"{name}: PTX {entries[name]} for the declared {ref.params}"
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_the_gemm_core_is_vectorised(build, arch):
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_gemm_core_is_vectorised(arch):
     """The FMA inner loop reads 16-byte shared fragments and the tiles move 16-byte global vectors."""
-    ptx = build[arch][1]
+    ptx = compiled(FAMILY)[arch].ptx
     for name in GEMM_SYMBOLS:
         body = re.search(rf"\.entry {name}\(.*?\n}}\n", ptx, re.DOTALL)[0]
         # BigTile: one k-step of 8×8 FMAs; SmallTile: eight unrolled k-steps of 8×4.
@@ -117,12 +58,9 @@ def test_the_gemm_core_is_vectorised(build, arch):
 
 
 def test_source_spells_out_each_declared_signature():
-    source = re.sub(r"\s+", " ", SOURCE.read_text())
-    for name, ref in ALL_SYMBOLS.items():
-        assert ref.path == "cuda/linalg.cu"
-        pattern = rf'extern "C" __global__ (__launch_bounds__\([^)]*\) )?void {name}\({re.escape(", ".join(ref.params))}\)'
-        assert re.search(pattern, source), f"{name}: the source does not declare {ref.params}"
-    assert not re.search(r"\batomic\w*\(", source), "atomics"
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
+    assert not re.search(r"\batomic\w*\(", SOURCE.read_text()), "atomics"
 
 
 # -- the kernels' code on the host, driven by the launch plans ----------------------------------------
@@ -131,101 +69,41 @@ def test_source_spells_out_each_declared_signature():
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     lib = load("linalg_host", host_build_dir)
-    ctypes_of = {"float": ctypes.c_float, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32}
-    for name, ref in ALL_SYMBOLS.items():
-        fn = getattr(lib, name.replace("capsule_", "host_", 1))
-        fn.restype = ctypes.c_int if name in GEMM_SYMBOLS else None
-        fn.argtypes = [ctypes.POINTER(ctypes.c_float) if p.pointer else ctypes_of[p.ctype]
-                       for p in map(parse_param, ref.params)] + [ctypes.c_int]
-    lib.host_gemm_naive.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.POINTER(ctypes.c_float)] * 3 + [ctypes.c_int64] * 4
-    lib.host_tile_coords.argtypes = [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)]
-    lib.host_thread_layout.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
-    lib.host_mse_accumulate.restype = ctypes.c_double
-    lib.host_mse_accumulate.argtypes = [ctypes.c_double, ctypes.c_float, ctypes.c_float]
-    return lib
+    declare_kernels(lib, ALL_SYMBOLS.values(), restype=lambda name: ctypes.c_int if name in GEMM_SYMBOLS else None,
+                    extra=[ctypes.c_int])
+    return declare(lib, {
+        "host_gemm_naive": [ctypes.c_int, ctypes.c_int] + [ctypes.POINTER(ctypes.c_float)] * 3 + [ctypes.c_int64] * 4,
+        "host_tile_coords": [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)],
+        "host_thread_layout": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
+        "host_mse_accumulate": (ctypes.c_double, [ctypes.c_double, ctypes.c_float, ctypes.c_float]),
+    })
 
 
-GUARD = 16
-SENTINEL = np.uint32(0x7FA11CE5)
-UNWRITTEN = np.uint32(0x7FC0FFEE)
-"""NaN bit patterns: guard bands around every buffer, and outputs and workspaces before the launch."""
-
-
-def execute(lib, plan, inputs, misalign=0):
-    """Run a plan's launches with the host builds of its kernels (threads = the launch's block;
-    every tile, chunk or element, whatever the grid). Buffers sit between guard bands, inputs and
-    outputs `misalign` floats off 16-byte alignment (workspaces stay aligned, as allocations are);
-    outputs and workspaces start as NaN. Checks that the guard bands and inputs are untouched and
-    returns the outputs by name."""
-    store = {}
-    for b in plan.buffers:
-        shift = 0 if b.role == "workspace" else misalign
-        base = np.full(b.elements + 2 * GUARD + shift, SENTINEL).view(np.float32)
-        view = base[GUARD + shift:GUARD + shift + b.elements]
-        if b.role == "input":
-            view[:] = np.ravel(inputs[b.name])
-        else:
-            view.view(np.uint32)[:] = UNWRITTEN
-        store[b.name] = (base, view, GUARD + shift)
-    before = {n: v.copy() for n, (_, v, _) in store.items() if plan.buffer(n).role == "input"}
-    for launch in plan.launches:
+def replay(lib, threads=None) -> HostReplay:
+    """Plans run with the host builds of their kernels (threads = the launch's block, or `threads`
+    for every GEMM launch: any legal tile shape is correct; every tile, chunk or element, whatever
+    the grid) in kernel_emu.PlanMemory: guard bands, outputs and workspaces NaN before the launch,
+    guards and inputs checked intact, every output written."""
+    def call(memory, launch):
         params = [parse_param(p) for p in ALL_SYMBOLS[launch.symbol].params]
-        args = [f32_ptr(store[a][1]) if p.pointer else a for p, a in zip(params, launch.args)]
-        assert getattr(lib, launch.symbol.replace("capsule_", "host_", 1))(*args, launch.block[0]) in (None, 0)
-    for name, (base, view, start) in store.items():
-        bits = base.view(np.uint32)
-        assert (bits[:start] == SENTINEL).all() and (bits[start + view.size:] == SENTINEL).all(), f"write outside {name}"
-        if name in before:
-            assert np.array_equal(view.view(np.uint32), before[name].view(np.uint32)), f"input {name} modified"
-    return {n: store[n][1].copy() for n in plan.output_shapes}
-
-
-def with_tile(plan, threads):
-    """The plan with every GEMM launch on the other tile shape (any legal block is correct)."""
-    launches = tuple(dataclasses.replace(l, block=(threads, 1, 1)) if l.symbol in GEMM_SYMBOLS else l for l in plan.launches)
-    return dataclasses.replace(plan, launches=launches)
-
-
-def cotangent(spec, sample, shape):
-    return seeded_rng(spec.name, f"g/{sample.case}").standard_normal(shape).astype(np.float32)
+        args = [f32_ptr(memory.view(a)) if p.pointer else a for p, a in zip(params, launch.args)]
+        block = threads if threads is not None and launch.symbol in GEMM_SYMBOLS else launch.block[0]
+        returned = getattr(lib, launch.symbol.replace("capsule_", "host_", 1))(*args, block)
+        assert returned in (None, 0), f"{launch.symbol}: the host build refused {block} threads"
+    return HostReplay(call)
 
 
 def check_sample(lib, spec, sample, misalign=0, threads=None):
-    """Forward and backward plans of one sample on the host against the reference: returns the
-    worst error over bound."""
-    arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-    shapes = shapes_of(arrays)
-    forward, backward = PLANS_OF[spec.name]
-    fplan, bplan = forward(arrays, p), backward(arrays, p)
-    if threads is not None:
-        fplan, bplan = with_tile(fplan, threads), with_tile(bplan, threads)
-    y = execute(lib, fplan, arrays, misalign)["out"].reshape(out_shape)
-    r = REFERENCE.forward(spec, sample.inputs, **sample.params)
-    m = REFERENCE.magnitude(spec, sample.inputs, **sample.params)
-    result = compare(y, r, m, spec.error, spec.error.length(shapes, p), sample.worst_case)
-    assert result.passed, f"{spec.name} forward {sample.summary()}: {result.reason}"
-    worst = result.worst
-    g = cotangent(spec, sample, out_shape)
-    grads = execute(lib, bplan, {**arrays, "g": g}, misalign)
-    r = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
-    m = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
-    for name in spec.differentiable:
-        model = spec.vjp_error_for(name)
-        got = grads[f"d{name}"].reshape(np.shape(arrays[name]))
-        result = compare(got, r[name], m[name], model, model.length(shapes, p), sample.worst_case)
-        assert result.passed, f"{spec.name} d{name} {sample.summary()}: {result.reason}"
-        worst = max(worst, result.worst)
-    return worst
+    """Forward and backward plans of one sample on the host against the reference, inputs and
+    outputs `misalign` floats off 16-byte alignment (workspaces stay aligned, as allocations are):
+    returns the worst error over bound."""
+    run = emulate(replay(lib, threads), spec.name, sample, lambda b: misalign * (b.role != "workspace"))
+    result = compared(spec.name, sample, run.y, run.grads, run.g)
+    assert result.problems == []
+    return result.worst
 
 
 PLANS_OF = plans.PLANS
-
-
-def cases(spec, sizes=("small", "medium")):
-    out = []
-    for size in sizes:
-        out += spec.samples(size, seeded_rng(spec.name, size))
-    return out + spec.edges()
 
 
 @pytest.mark.parametrize("misalign", [0, 1])
@@ -234,10 +112,10 @@ def test_host_plans_meet_the_contract(lib, op, misalign):
     """Every small and medium sample and every edge (empty, one, odd, k = 0, NaN / inf, same-sign
     k = 4096, underflow), with aligned buffers and with buffers off 16-byte alignment."""
     spec = get_spec(op)
-    for sample in cases(spec):
+    for sample in cases(op, ("small", "medium")):
         if sample.worst_case:
             check_sample(lib, spec, sample, misalign)
-    worst = max(check_sample(lib, spec, sample, misalign) for sample in cases(spec) if not sample.worst_case)
+    worst = max(check_sample(lib, spec, sample, misalign) for sample in cases(op, ("small", "medium")) if not sample.worst_case)
     # The samples' probabilistic bounds leave room: a kernel that barely passes is a bug in waiting.
     assert worst <= 0.5, f"{op}: an error uses {worst:.2f} of its bound"
 
@@ -246,7 +124,7 @@ def test_host_plans_meet_the_contract(lib, op, misalign):
 @pytest.mark.parametrize("op", ("matmul", "linear"))
 def test_host_plans_on_either_tile_shape(lib, op, threads):
     spec = get_spec(op)
-    for sample in cases(spec):
+    for sample in cases(op, ("small", "medium")):
         check_sample(lib, spec, sample, threads=threads)
 
 
@@ -368,7 +246,7 @@ def run_mse_forward(lib, pred, target, chunk, threads=256):
 @pytest.mark.parametrize("threads", [32, 256, 1024])
 def test_mse_forward_for_any_chunking(lib, chunk, threads):
     spec = get_spec("mse_loss")
-    for sample in cases(spec):
+    for sample in cases("mse_loss", ("small", "medium")):
         pred = np.ascontiguousarray(sample.inputs["pred"], np.float32).ravel()
         target = np.ascontiguousarray(sample.inputs["target"], np.float32).ravel()
         y = run_mse_forward(lib, pred, target, chunk, threads)
@@ -412,32 +290,18 @@ def test_column_sums_through_the_plan(lib, rows, cols):
 # -- launch plans --------------------------------------------------------------------------------------
 
 
-def all_samples(spec):
-    return cases(spec, ("small", "medium", "large"))
+def _gemm_tiles_and_whole_warps(case):
+    for plan in case.plans:
+        for launch in plan.launches:
+            if launch.symbol in GEMM_SYMBOLS:
+                assert launch.block[0] in THREADS and launch.block[1:] == (1, 1)
+            else:
+                assert launch.block[0] % 32 == 0, "the reductions' warp shuffles need whole warps"
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    spec = get_spec(op)
-    capsule = registry.lookup(op)
-    forward_plan, backward_plan = plan_functions(capsule)
-    assert PLANS_OF[op] == (forward_plan, backward_plan)
-    syms = {r.symbol: r for r in capsule.symbols}
-    for sample in all_samples(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        fwd, bwd = forward_plan(arrays, p), backward_plan(arrays, p)
-        for arch in ARCHS:
-            for plan in (fwd, bwd):
-                assert plan_problems(plan, syms, arch) == [], f"{op} {plan.direction} {sample.summary()}"
-        assert dict(fwd.output_shapes) == {"out": out_shape}
-        assert dict(bwd.output_shapes) == {f"d{k}": np.shape(v) for k, v in arrays.items() if k in spec.differentiable}
-        assert {b.name for b in fwd.buffers if b.role == "input"} == {t.name for t in spec.inputs}
-        for plan in (fwd, bwd):
-            for launch in plan.launches:
-                if launch.symbol in GEMM_SYMBOLS:
-                    assert launch.block[0] in THREADS and launch.block[1:] == (1, 1)
-                else:
-                    assert launch.block[0] % 32 == 0, "the reductions' warp shuffles need whole warps"
+    assert plan_case_problems(op, check=_gemm_tiles_and_whole_warps) == []
 
 
 LARGE_LAUNCHES = {
@@ -467,21 +331,16 @@ def test_planted_launch_faults_are_caught():
     spec = get_spec("matmul")
     arrays, p, _ = validate(spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32)
     plan = PLANS_OF["matmul"][1](arrays, p)
-    syms = symbols("matmul")
     launch = plan.launches[0]
-
-    def problems(**changes):
-        return plan_problems(dataclasses.replace(plan, launches=(dataclasses.replace(launch, **changes),)), syms)
-
-    assert plan_problems(plan, syms) == []
-    assert any("2048 threads" in m for m in problems(block=(2048, 1, 1)))
-    assert any("6 arguments for 7" in m for m in problems(args=launch.args[:-1]))
-    assert any("writable" in m for m in problems(args=("g", "b", "a", *launch.args[3:])))
-    assert any("needs a buffer" in m for m in problems(args=(5, *launch.args[1:])))
-    assert any("not declared" in m for m in problems(symbol="capsule_linear_bwd_x"))
+    assert missed_faults(plan, symbols("matmul"), [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("6 arguments for 7", {"args": launch.args[:-1]}),
+        ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
+        ("needs a buffer", {"args": (5, *launch.args[1:])}),
+        ("not declared", {"symbol": "capsule_linear_bwd_x"}),
+    ]) == []
     mse = get_spec("mse_loss")
     arrays, p, _ = validate(mse, {"pred": np.zeros(100_000, np.float32), "target": np.zeros(100_000, np.float32)}, {}, np.float32)
     fwd = PLANS_OF["mse_loss"][0](arrays, p)
     stage = fwd.launches[1]
-    bad = dataclasses.replace(fwd, launches=(fwd.launches[0], dataclasses.replace(stage, args=stage.args[:-1] + (2**40,))))
-    assert any("does not fit int32_t" in m for m in plan_problems(bad, symbols("mse_loss")))
+    assert missed_faults(fwd, symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1) == []

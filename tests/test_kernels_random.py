@@ -3,29 +3,24 @@ keyed stream and Bernoulli threshold of cuda/random.cuh compiled for the host, a
 themselves run on the CPU emulator: bitwise the reference generator, for any grid."""
 
 import ctypes
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from capsule_core import reference, registry
-from capsule_core.launch import Launch, plan_problems
+from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, validate
 from capsule_core.ops.random import uniform_values
 from capsule_core.plans import random as plans
-from family_checks import build_all, capsules, cases, plan_case_problems, symbol_problems
+from family_checks import (build_problems, cases, family_ops, missed_faults, plan_case_problems, signature_problems,
+                           symbols)
 from hostmath import f32_ptr, load
 from kernel_emu import PlanRunner, compiler, unwritten
 
+FAMILY = "random"
 OPS = ("rand_uniform", "bernoulli_mask")
 SEEDS = (0, 1, 1234567, 2**63 + 5, 2**64 - 1)
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("random-nvcc"))
-    return build_all("random", folder)
 
 
 @pytest.fixture(scope="module")
@@ -39,24 +34,21 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
+def emulator(host_build_dir):
+    """PlanRunner of the family at any grid cap: emulator(max_grid)."""
     if compiler() is None:
         pytest.skip("no C++ compiler (g++) for the emulator")
-    return PlanRunner("random", str(tmp_path_factory.mktemp("random-emu")))
+    return lambda max_grid=4: PlanRunner(FAMILY, host_build_dir, (max_grid, max_grid))
 
 
-def test_builds_without_warnings_or_spills(builds):
-    names = {r.symbol for c in capsules("random") for r in c.symbols}
-    for arch, b in builds.items():
-        assert b.warnings == [], f"{arch}: {b.warnings}"
-        for name in names:
-            r = b.resources[name]
-            assert r.spill_stores == r.spill_loads == r.stack_bytes == 0, f"{name} ({arch}) spills: {r}"
+@pytest.mark.parametrize("arch", ARCHES)
+def test_builds_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch) == []
 
 
-def test_ptx_entries_match_the_registry(builds):
-    assert symbol_problems("random", builds) == []
-    assert {c.op.value for c in capsules("random")} == set(OPS)
+def test_source_spells_out_each_declared_signature():
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -66,17 +58,14 @@ def test_plans_are_legal_for_every_sample_and_edge(op):
 
 
 def test_planted_plan_faults_are_caught():
-    symbols = {r.symbol: r for r in registry.lookup("bernoulli_mask").symbols}
     plan = plans.PLANS["bernoulli_mask"][0]({}, {"shape": (3, 5), "p": 0.25, "seed": 7})
-    assert plan_problems(plan, symbols) == []
     launch = plan.launches[0]
     assert launch.args == ("out", 7, np.float32(0.25), 15) and launch.block == (plans.THREADS, 1, 1)
-
-    def with_args(args):
-        return replace(plan, launches=(Launch(launch.symbol, launch.grid, launch.block, args),))
-    assert any("3 arguments for 4" in p for p in plan_problems(with_args(launch.args[:3]), symbols))
-    assert any("seed = -1 does not fit uint64_t" in p for p in plan_problems(with_args(("out", -1, 0.25, 15)), symbols))
-    assert any("2048 threads" in p for p in plan_problems(replace(plan, launches=(replace(launch, block=(2048, 1, 1)),)), symbols))
+    assert missed_faults(plan, symbols("bernoulli_mask"), [
+        ("3 arguments for 4", {"args": launch.args[:3]}),
+        ("seed = -1 does not fit uint64_t", {"args": ("out", -1, 0.25, 15)}),
+        ("2048 threads", {"block": (2048, 1, 1)}),
+    ]) == []
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -98,16 +87,11 @@ def test_host_bernoulli_threshold_is_strict(lib):
     assert t(1.0 - 2.0**-24, 1.0) == 1.0
 
 
-def _run(emulator, op, params, misalign=None, max_grid=None):
+def _run(emulator, op, params, misalign=None, max_grid=4):
     spec = get_spec(op)
     _, p, _ = validate(spec, {}, params, np.float32)
     plan = plans.PLANS[op][0]({}, p)
-    if max_grid is not None:
-        emulator.max_grid = max_grid
-    try:
-        return emulator.run(plan, {}, misalign)["out"]
-    finally:
-        emulator.max_grid = 4
+    return emulator(max_grid).run(plan, {}, misalign)["out"]
 
 
 @pytest.mark.parametrize("op", OPS)

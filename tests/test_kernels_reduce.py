@@ -7,23 +7,18 @@ import ctypes
 import numpy as np
 import pytest
 
-from capsule_core import reference, registry
-from capsule_core.launch import Launch, plan_problems
-from capsule_core.ops import get_spec
-from capsule_core.ops.base import Sample, seeded_rng, validate
+from capsule_core import reference
+from capsule_core.kernels import ARCHES
+from capsule_core.ops.base import Sample
 from capsule_core.plans import reduce as plans
-from family_checks import build_all, capsules, cases, emulated_problems, plan_case_problems, symbol_problems
+from family_checks import (REGISTERS_PER_SM, build_problems, cases, emulated_problems, family_ops, missed_faults,
+                           plan_case_problems, signature_problems, symbols)
 from hostmath import f32_ptr, load
-from kernel_emu import PlanRunner, compiler
+from kernel_emu import emulator as family_emulator
 
+FAMILY = "reduce"
 OPS = ("reduce_sum", "reduce_mean")
 I64 = ctypes.POINTER(ctypes.c_int64)
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("reduce-nvcc"))
-    return build_all("reduce", folder)
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +35,8 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    if compiler() is None:
-        pytest.skip("no C++ compiler (g++) for the emulator")
-    return PlanRunner("reduce", str(tmp_path_factory.mktemp("reduce-emu")))
+def emulator(host_build_dir):
+    return family_emulator(FAMILY, host_build_dir)
 
 
 def _i64(n):
@@ -57,19 +50,14 @@ def _ptr(a):
 # -- build and entry points ---------------------------------------------------------------------
 
 
-def test_builds_without_warnings_or_spills(builds):
-    names = {r.symbol for c in capsules("reduce") for r in c.symbols}
-    for arch, b in builds.items():
-        assert b.warnings == [], f"{arch}: {b.warnings}"
-        for name in names:
-            r = b.resources[name]
-            assert r.spill_stores == r.spill_loads == r.stack_bytes == 0, f"{name} ({arch}) spills: {r}"
-            assert r.registers * plans.THREADS * 4 <= 65536, f"{name} ({arch}): {r.registers} registers"
+@pytest.mark.parametrize("arch", ARCHES)
+def test_builds_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch, max_registers=REGISTERS_PER_SM // (plans.THREADS * 4)) == []
 
 
-def test_ptx_entries_match_the_registry(builds):
-    assert symbol_problems("reduce", builds) == []
-    assert {c.op.value for c in capsules("reduce")} == set(OPS)
+def test_source_spells_out_each_declared_signature():
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
 
 
 # -- launch plans ------------------------------------------------------------------------------
@@ -81,17 +69,14 @@ def test_plans_are_legal_for_every_sample_and_edge(op):
 
 
 def test_planted_plan_faults_are_caught():
-    symbols = {r.symbol: r for r in registry.lookup("reduce_mean").symbols}
     x = np.zeros((4, 7), np.float32)
     plan = plans.PLANS["reduce_mean"][0]({"x": x}, {"axis": 1})
-    assert plan_problems(plan, symbols) == []
     launch = plan.launches[0]
-
-    def with_launch(new):
-        return plan.__class__(plan.op, plan.direction, plan.buffers, (new,), output_shapes=plan.output_shapes)
-    assert any("2048 threads" in p for p in plan_problems(with_launch(Launch(launch.symbol, launch.grid, (2048, 1, 1), launch.args)), symbols))
-    assert any("6 arguments for 7" in p for p in plan_problems(with_launch(Launch(launch.symbol, launch.grid, launch.block, launch.args[:-1])), symbols))
-    assert any("count = 0.5" in p for p in plan_problems(with_launch(Launch(launch.symbol, launch.grid, launch.block, launch.args[:-1] + (0.5,))), symbols))
+    assert missed_faults(plan, symbols("reduce_mean"), [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("6 arguments for 7", {"args": launch.args[:-1]}),
+        ("count = 0.5", {"args": launch.args[:-1] + (0.5,)}),
+    ]) == []
 
 
 @pytest.mark.parametrize("shape, axis, two", [

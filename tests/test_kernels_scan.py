@@ -2,131 +2,60 @@
 points and fits its launches; selective_scan computed on the host with the kernels' step functions
 (cuda/scan.cuh) in the kernels' chunked order meets the error model against the float64
 reference for any chunk count; the spec's test vectors hold exactly; the chunk combine is
-associative; scan.cu itself runs the plans on the CPU emulator of test_kernels_norm, bitwise like
+associative; scan.cu itself runs the plans on the CPU emulator (tests/kernel_emu.py), bitwise like
 the host model; the launch plans are legal for every sample."""
 
 import ctypes
-import dataclasses
 import re
-import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from capsule_core import registry
-from capsule_core.backends.cpu import REFERENCE
-from capsule_core.kernels import cuda_source_dir, find_nvcc
-from capsule_core.launch import parse_param, plan_functions, plan_problems
-from capsule_core.numerics import compare
+from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.launch import plan_functions
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import seeded_rng, shapes_of, validate
+from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import scan as plans
-from hostmath import load
-from test_kernels_norm import Emulator, emulated_problems
+from family_checks import (REGISTERS_PER_SM, build_problems, cases, check_host_model, cotangent, emulated_problems,
+                           family_ops, missed_faults, plan_case_problems, same_bits, signature_problems, symbols)
+from hostmath import F32P, I64P, declare, f32, load, ptr
+from kernel_emu import emulator as family_emulator
 
+FAMILY = "scan"
 OP = "selective_scan"
-ARCHS = ("sm_80", "sm_90")
-FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
 SOURCE = cuda_source_dir() / "scan.cu"
-PTX_TYPES = {"float": "f32", "int64_t": "u64", "uint64_t": "u64", "int32_t": "u32"}
-REGISTERS_PER_SM = 65536
-SYMBOLS = {ref.symbol: ref for ref in registry.lookup(OP).symbols}
+SYMBOLS = symbols(OP)
 
 
 # -- the build ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """scan.cu compiled once per arch (in parallel), warnings as errors: (result, PTX, resources)."""
-    def compile_for(arch):
-        out = tmp_path_factory.mktemp(f"scan_{arch}")
-        cmd = [str(find_nvcc().path), *FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-               "-I", str(cuda_source_dir()), "-cubin", "-keep", "-keep-dir", str(out), "-o", str(out / "scan.cubin"),
-               str(SOURCE)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        ptx = out / "scan.ptx"
-        return arch, (result, ptx.read_text() if ptx.exists() else "", ptxas_report(result.stderr))
-    with ThreadPoolExecutor(len(ARCHS)) as pool:
-        return dict(pool.map(compile_for, ARCHS))
-
-
-def ptxas_report(stderr: str) -> dict:
-    """{kernel: (registers, stack frame bytes, spill store bytes, spill load bytes, static smem bytes)}."""
-    report = {}
-    for block in re.split(r"Compiling entry function ", stderr)[1:]:
-        name = re.match(r"'(\w+)'", block)[1]
-        frame, stores, loads = map(int, re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                                                  block).groups())
-        smem = re.search(r"(\d+) bytes smem", block)
-        report[name] = (int(re.search(r"Used (\d+) registers", block)[1]), frame, stores, loads, int(smem[1]) if smem else 0)
-    return report
-
-
-def ptx_entries(ptx: str) -> dict:
-    return {m[1]: re.findall(r"\.param \.(\w+) ", m[2]) for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx)}
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_warnings_or_spills(build, arch):
-    result, _, report = build[arch]
-    assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
-    assert set(report) == set(SYMBOLS), "every kernel of the file is a registered entry point"
-    for name, (registers, frame, stores, loads, _) in report.items():
-        assert stores == loads == frame == 0, f"{name} spills on {arch}"
-        assert registers * plans.MAX_THREADS <= REGISTERS_PER_SM, f"{name}: {registers} registers"
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_ptx_entries_have_the_declared_parameter_lists(build, arch):
-    entries = ptx_entries(build[arch][1])
-    for name, ref in SYMBOLS.items():
-        assert name in entries, f"no .entry {name} in the {arch} PTX"
-        expected = ["u64" if p.pointer else PTX_TYPES[p.ctype] for p in map(parse_param, ref.params)]
-        assert entries[name] == expected, f"{name}: PTX {entries[name]} for the declared {ref.params}"
+@pytest.mark.parametrize("arch", ARCHES)
+def test_compiles_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch, max_registers=REGISTERS_PER_SM // plans.MAX_THREADS) == []
 
 
 def test_source_spells_out_each_declared_signature():
-    source = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", SOURCE.read_text()))
-    for name, ref in SYMBOLS.items():
-        assert ref.path == "cuda/scan.cu"
-        declaration = rf'extern "C" __global__ __launch_bounds__\([^)]*\) void {name}\({re.escape(", ".join(ref.params))}\)'
-        assert re.search(declaration, source), f"{name}: the source does not declare {ref.params}"
+    assert family_ops(FAMILY) == {OP}
+    assert signature_problems(FAMILY, launch_bounds=True) == []
     assert int(re.search(r"kMaxThreads = (\d+);", SOURCE.read_text())[1]) == plans.MAX_THREADS
 
 
 # -- the per-element math, on the host --------------------------------------------------------------
 
-F32P = ctypes.POINTER(ctypes.c_float)
-I64P = ctypes.POINTER(ctypes.c_int64)
 I64, I32 = ctypes.c_int64, ctypes.c_int32
 
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    lib = load("scan_host", host_build_dir)
-    sig = {
+    return declare(load("scan_host", host_build_dir), {
         "host_selective_scan_fwd": [F32P] * 5 + [I64] * 3 + [I32, I32, I64],
         "host_selective_scan_bwd": [F32P] * 10 + [I64] * 3 + [I32, I32, I64],
         "host_scan_split": [F32P] * 3 + [I64, I64, ctypes.c_float, F32P],
         "host_scan_associate": [F32P] * 4,
         "host_scan_chunk_range": [I64] * 3 + [I64P, I64P],
-    }
-    for name, argtypes in sig.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
-    return lib
-
-
-def ptr(a: np.ndarray):
-    return a.ctypes.data_as(F32P if a.dtype == np.float32 else I64P)
-
-
-def f32(a) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
+    })
 
 
 def plan_chunks(x_shape) -> int:
@@ -154,57 +83,30 @@ def host_vjp(lib, arrays, g, chunks=None):
     return out
 
 
-def cases(spec, sizes=("small", "medium", "large")):
-    out = []
-    for size in sizes:
-        out += spec.samples(size, seeded_rng(spec.name, size))
-    return out + spec.edges()
+def check_forward(lib, sample, chunks=None):
+    return check_host_model(OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, chunks), label=f" chunks={chunks}")
 
 
-def check_forward(lib, spec, sample, chunks=None):
-    arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    y = host_forward(lib, arrays, chunks)
-    r = REFERENCE.forward(spec, sample.inputs, **sample.params)
-    m = REFERENCE.magnitude(spec, sample.inputs, **sample.params)
-    result = compare(y, r, m, spec.error, spec.error.length(shapes_of(arrays), p), sample.worst_case)
-    assert result.passed, f"forward {sample.summary()} chunks={chunks}: {result.reason} (worst {result.worst:.3g})"
-    return result.worst
-
-
-def check_vjp(lib, spec, sample, chunks=None):
-    arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-    g = seeded_rng(spec.name, f"g/{sample.case}").standard_normal(out_shape).astype(np.float32)
-    got = host_vjp(lib, arrays, g, chunks)
-    r = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
-    m = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
-    worst = 0.0
-    for name in spec.differentiable:
-        model = spec.vjp_error_for(name)
-        result = compare(got[name], r[name], m[name], model, model.length(shapes_of(arrays), p), sample.worst_case)
-        assert result.passed, f"d{name} {sample.summary()} chunks={chunks}: {result.reason} (worst {result.worst:.3g})"
-        worst = max(worst, result.worst)
-    return worst
+def check_vjp(lib, sample, chunks=None):
+    return check_host_model(OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, chunks), label=f" chunks={chunks}")
 
 
 def test_host_forward_meets_the_contract(lib):
-    spec = get_spec(OP)
-    worst = max(check_forward(lib, spec, s) for s in cases(spec))
+    worst = max(check_forward(lib, s) for s in cases(OP))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 def test_host_vjp_meets_the_contract(lib):
-    spec = get_spec(OP)
-    worst = max(check_vjp(lib, spec, s) for s in cases(spec))
+    worst = max(check_vjp(lib, s) for s in cases(OP))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 @pytest.mark.parametrize("chunks", [1, 3, 7, 64, 256])
 def test_host_math_for_any_chunk_count(lib, chunks):
     """More chunks than steps (empty chunks), uneven chunks, one chunk (the plain recurrence)."""
-    spec = get_spec(OP)
-    for sample in cases(spec, ("small", "medium")):
-        check_forward(lib, spec, sample, chunks)
-        check_vjp(lib, spec, sample, chunks)
+    for sample in cases(OP, ("small", "medium")):
+        check_forward(lib, sample, chunks)
+        check_vjp(lib, sample, chunks)
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 3, 4, 8])
@@ -270,18 +172,16 @@ def test_chunks_cover_time_once_in_order(lib):
         assert covered == list(range(time))
 
 
-# -- the kernels themselves, on the CPU emulator (test_kernels_norm.EMULATOR_H) ---------------------
+# -- the kernels themselves, on the CPU emulator ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ for the CPU emulator")
-    return Emulator("scan", tmp_path_factory.mktemp("scan_emu"))
+def emulator(host_build_dir):
+    return family_emulator(FAMILY, host_build_dir, max_grid=(3, 2))
 
 
 def emulated_cases(spec):
-    return cases(spec, ("small", "medium"))
+    return cases(OP, ("small", "medium"))
 
 
 def test_kernels_on_the_emulator(emulator):
@@ -301,38 +201,26 @@ def test_emulated_kernels_follow_the_host_math(emulator, lib):
     for sample in emulated_cases(spec):
         arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         y = emulator.run(forward(arrays, p), arrays)["out"]
-        assert y.view(np.uint32).tolist() == host_forward(lib, arrays).view(np.uint32).tolist(), sample.case
-        g = seeded_rng(OP, f"g/{sample.case}").standard_normal(out_shape).astype(np.float32)
+        assert same_bits(y, host_forward(lib, arrays)), sample.case
+        g = cotangent(OP, sample.case, out_shape)
         grads = emulator.run(backward(arrays, p), {**arrays, "out": y, "g": g})
         model = host_vjp(lib, arrays, g)
         for name in spec.differentiable:
-            assert grads[f"d{name}"].view(np.uint32).tolist() == model[name].view(np.uint32).tolist(), (name, sample.case)
+            assert same_bits(grads[f"d{name}"], model[name]), (name, sample.case)
 
 
 # -- launch plans -----------------------------------------------------------------------------------
 
 
-def test_plans_are_legal_for_every_sample(build):
-    spec = get_spec(OP)
-    forward_plan, backward_plan = plan_functions(registry.lookup(OP))
-    assert plans.PLANS[OP] == (forward_plan, backward_plan)
-    resources = {arch: build[arch][2] for arch in ARCHS}
-    for sample in cases(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        fwd, bwd = forward_plan(arrays, p), backward_plan(arrays, p)
-        for arch in ARCHS:
-            for plan in (fwd, bwd):
-                assert plan_problems(plan, SYMBOLS, arch) == [], f"{plan.direction} {sample.summary()}"
-                for launch in plan.launches:
-                    registers = resources[arch][launch.symbol][0]
-                    assert registers * int(np.prod(launch.block)) <= REGISTERS_PER_SM, launch
-        assert dict(fwd.output_shapes) == {"out": out_shape}
-        assert dict(bwd.output_shapes) == {f"d{k}": arrays[k].shape for k in spec.differentiable}
-        assert {b.name for b in fwd.buffers if b.role == "input"} == {t.name for t in spec.inputs}
-        shared = arrays["a"].ndim == 1 or arrays["b"].ndim == 1
-        assert [launch.symbol for launch in bwd.launches] == (
-            ["capsule_selective_scan_bwd"] + ["capsule_selective_scan_bwd_shared"] * shared)
-        assert bwd.buffer("out").role == "input", "the backward reads h[t-1] from the forward's result"
+def _backward_reads_the_forward_result(case):
+    shared = case.arrays["a"].ndim == 1 or case.arrays["b"].ndim == 1
+    assert [launch.symbol for launch in case.backward.launches] == (
+        ["capsule_selective_scan_bwd"] + ["capsule_selective_scan_bwd_shared"] * shared)
+    assert case.backward.buffer("out").role == "input", "the backward reads h[t-1] from the forward's result"
+
+
+def test_plans_are_legal_for_every_sample():
+    assert plan_case_problems(OP, check=_backward_reads_the_forward_result) == []
 
 
 def test_tile_shapes():
@@ -350,13 +238,10 @@ def test_planted_launch_faults_are_caught():
                                    "b": np.zeros(3, np.float32), "h0": np.zeros((2, 3), np.float32)}, {}, np.float32)
     plan = plans.backward(arrays, p)
     launch = plan.launches[0]
-
-    def problems(**changes):
-        return plan_problems(dataclasses.replace(plan, launches=(dataclasses.replace(launch, **changes),)), SYMBOLS)
-
-    assert plan_problems(plan, SYMBOLS) == []
-    assert any("2048 threads" in m for m in problems(block=(64, 32, 1)))
-    assert any("16 arguments for 17" in m for m in problems(args=launch.args[:-1]))
-    assert any("writable" in m for m in problems(args=(*launch.args[:6], "x", *launch.args[7:])))
-    assert any("a_per_token" in m for m in problems(args=(*launch.args[:-2], 2**40, launch.args[-1])))
-    assert any("not declared" in m for m in problems(symbol="capsule_selective_scan_bwd_x"))
+    assert missed_faults(plan, SYMBOLS, [
+        ("2048 threads", {"block": (64, 32, 1)}),
+        ("16 arguments for 17", {"args": launch.args[:-1]}),
+        ("writable", {"args": (*launch.args[:6], "x", *launch.args[7:])}),
+        ("a_per_token", {"args": (*launch.args[:-2], 2**40, launch.args[-1])}),
+        ("not declared", {"symbol": "capsule_selective_scan_bwd_x"}),
+    ]) == []

@@ -7,25 +7,20 @@ import ctypes
 import numpy as np
 import pytest
 
-from capsule_core import reference, registry
-from capsule_core.launch import Launch, plan_problems
-from capsule_core.numerics import compare
+from capsule_core import reference
+from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import shapes_of, validate
+from capsule_core.ops.base import Sample, seeded_rng
 from capsule_core.plans import softmax as plans
-from family_checks import build_all, capsules, cases, cotangent, emulated_problems, plan_case_problems, symbol_problems
+from family_checks import (REGISTERS_PER_SM, build_problems, cases, check_host_model, emulated_problems, family_ops,
+                           missed_faults, plan_case_problems, signature_problems, symbols)
 from hostmath import f32_ptr, load
-from kernel_emu import PlanRunner, compiler
+from kernel_emu import emulator as family_emulator
 
+FAMILY = "softmax"
 OPS = ("log_softmax", "softmax", "hard_masked_softmax")
 CODES = {"softmax": 0, "log_softmax": 1, "hard_masked_softmax": 2}
 NAN, INF = np.nan, np.inf
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("softmax-nvcc"))
-    return build_all("softmax", folder)
 
 
 @pytest.fixture(scope="module")
@@ -41,64 +36,50 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    if compiler() is None:
-        pytest.skip("no C++ compiler (g++) for the emulator")
-    return PlanRunner("softmax", str(tmp_path_factory.mktemp("softmax-emu")))
+def emulator(host_build_dir):
+    return family_emulator(FAMILY, host_build_dir)
 
 
 # -- build and entry points ---------------------------------------------------------------------
 
 
-def test_builds_without_warnings_or_spills(builds):
-    for arch, b in builds.items():
-        assert b.warnings == [], f"{arch}: {b.warnings}"
-        names = {r.symbol for c in capsules("softmax") for r in c.symbols}
-        assert names <= set(b.resources), f"{arch}: no ptxas report for {names - set(b.resources)}"
-        for name in names:
-            r = b.resources[name]
-            assert r.spill_stores == r.spill_loads == r.stack_bytes == 0, f"{name} ({arch}) spills: {r}"
-            assert r.registers * plans.THREADS * 4 <= 65536, f"{name} ({arch}): {r.registers} registers"
+@pytest.mark.parametrize("arch", ARCHES)
+def test_builds_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch, max_registers=REGISTERS_PER_SM // (plans.THREADS * 4)) == []
 
 
-def test_ptx_entries_match_the_registry(builds):
-    assert symbol_problems("softmax", builds) == []
-    assert {c.op.value for c in capsules("softmax")} == set(OPS)
+def test_source_spells_out_each_declared_signature():
+    assert family_ops(FAMILY) == set(OPS)
+    assert signature_problems(FAMILY) == []
 
 
 # -- launch plans ------------------------------------------------------------------------------
 
 
+def _uses_the_kernels_block(case):
+    for plan in case.plans:
+        for launch in plan.launches:
+            assert launch.block == (plans.THREADS, 1, 1), f"{case.sample.case}: {launch}"
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample_and_edge(op):
-    assert plan_case_problems(op) == []
+    """plan_case_problems (legal, fitting the registers, the declared outputs), on the kernels' block."""
+    assert plan_case_problems(op, check=_uses_the_kernels_block) == []
 
 
 def test_planted_plan_faults_are_caught():
-    capsule = registry.lookup("softmax")
-    symbols = {r.symbol: r for r in capsule.symbols}
     x = np.zeros((4, 7), np.float32)
     plan = plans.PLANS["softmax"][0]({"x": x}, {})
-    assert plan_problems(plan, symbols) == []
     launch = plan.launches[0]
-    wide = plan.__class__(plan.op, plan.direction, plan.buffers,
-                          (Launch(launch.symbol, launch.grid, (2048, 1, 1), launch.args),), output_shapes=plan.output_shapes)
-    assert any("2048 threads" in p for p in plan_problems(wide, symbols))
-    short = plan.__class__(plan.op, plan.direction, plan.buffers,
-                           (Launch(launch.symbol, launch.grid, launch.block, launch.args[:-1]),), output_shapes=plan.output_shapes)
-    assert any("3 arguments for 4" in p for p in plan_problems(short, symbols))
-    swapped = plan.__class__(plan.op, plan.direction, plan.buffers,
-                             (Launch(launch.symbol, launch.grid, launch.block, ("out", "x", 4, 7)),), output_shapes=plan.output_shapes)
-    assert any("writable but buffer x" in p for p in plan_problems(swapped, symbols))
+    assert missed_faults(plan, symbols("softmax"), [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("3 arguments for 4", {"args": launch.args[:-1]}),
+        ("writable but buffer x", {"args": ("out", "x", 4, 7)}),
+    ]) == []
 
 
-def test_plans_use_the_kernels_block_and_size_the_grid_by_path():
-    for op in OPS:
-        for sample in cases(op):
-            arrays, params, _ = validate(get_spec(op), sample.inputs, sample.params, np.float32)
-            for function in plans.PLANS[op]:
-                for launch in function(arrays, params).launches:
-                    assert launch.block == (plans.THREADS, 1, 1)
+def test_plans_size_the_grid_by_path():
     assert plans.grid(1000, 7, plans.GROUP_COLS) == (-(-1000 // 256), 1, 1)  # 4 groups a warp, 8 rows each
     assert plans.grid(1000, 100, plans.GROUP_COLS) == (-(-1000 // 16), 1, 1)  # a warp per row, 2 at a time
     assert plans.grid(1000, 1000, plans.GROUP_COLS) == (125, 1, 1)           # a warp per row
@@ -158,20 +139,11 @@ def _host_backward(lib, op, y, g):
 
 @pytest.mark.parametrize("op", OPS)
 def test_host_math_matches_the_reference_forward_and_backward(lib, op):
-    spec = get_spec(op)
+    def forward(arrays, _):
+        return _host_forward(lib, op, arrays["x"], arrays.get("mask"))
+
     for sample in cases(op, ("small", "medium")):
-        arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
-        n = spec.error.length(shapes_of(arrays), params)
-        y = _host_forward(lib, op, arrays["x"], arrays.get("mask"))
-        r = reference.forward(op, sample.inputs)
-        result = compare(y, r, reference.magnitude(op, sample.inputs), spec.error, n, sample.worst_case)
-        assert result.passed, f"{op} {sample.summary()}: {result.reason}"
-        g = cotangent(op, sample.case, r.shape)
-        dx = _host_backward(lib, op, y, g)
-        model = spec.vjp_error_for("x")
-        result = compare(dx, reference.vjp(op, sample.inputs, g)["x"], reference.vjp_magnitude(op, sample.inputs, g)["x"],
-                         model, model.length(shapes_of(arrays), params), sample.worst_case)
-        assert result.passed, f"{op} dx {sample.summary()}: {result.reason}"
+        check_host_model(op, sample, forward, lambda arrays, p, g: {"x": _host_backward(lib, op, forward(arrays, p), g)})
 
 
 def test_host_masked_rule_blocked_entries_are_exact_zeros_and_never_read(lib):
@@ -212,10 +184,8 @@ def test_emulated_kernels_match_the_reference(emulator, op):
 
 @pytest.mark.parametrize("op", OPS)
 def test_emulated_kernels_large_samples(emulator, op):
-    spec = get_spec(op)
-    from capsule_core.ops.base import seeded_rng
     problems = []
-    for sample in spec.samples("large", seeded_rng(op, "large"))[1:]:  # (256, 4097): the block path
+    for sample in get_spec(op).samples("large", seeded_rng(op, "large"))[1:]:  # (256, 4097): the block path
         problems += emulated_problems(emulator, op, sample)
     assert problems == []
 
@@ -243,7 +213,6 @@ def test_emulated_kernels_are_deterministic(emulator):
 def test_emulated_kernels_find_the_true_row_maximum(emulator, op):
     """Softmax is shift-invariant, so a wrong maximum shows only through overflow: rows with one
     logit 200 above the rest (e^200 overflows float32) at every lane and warp position."""
-    from capsule_core.ops.base import Sample
     rng = np.random.default_rng(17)
     problems = []
     for cols in (5, 33, 1000, 2500, 4097):

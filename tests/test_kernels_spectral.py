@@ -2,100 +2,43 @@
 entry points and fits its launches; fft_fno computed on the host with the kernels' per-element
 functions (cuda/spectral.cuh) in the kernels' order meets the error model against the float64
 reference, with the twiddle table and with on-the-fly twiddles; the spec's test vectors hold
-exactly; spectral.cu itself runs the plans on the CPU emulator of test_kernels_norm; the launch
+exactly; spectral.cu itself runs the plans on the CPU emulator (tests/kernel_emu.py); the launch
 plans are legal for every sample."""
 
 import ctypes
 import dataclasses
 import re
-import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from capsule_core import registry
-from capsule_core.backends.cpu import REFERENCE
-from capsule_core.kernels import cuda_source_dir, find_nvcc
-from capsule_core.launch import parse_param, plan_functions, plan_problems
-from capsule_core.numerics import compare
+from capsule_core.kernels import ARCHES, cuda_source_dir
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import seeded_rng, shapes_of, validate
+from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import spectral as plans
-from hostmath import load
-from test_kernels_norm import Emulator, emulated_problems
+from family_checks import (REGISTERS_PER_SM, build_problems, cases, check_host_model, emulated_problems, family_ops,
+                           missed_faults, plan_case_problems, signature_problems, symbols)
+from hostmath import F32P, I64P, declare, load, ptr
+from kernel_emu import emulator as family_emulator
 
+FAMILY = "spectral"
 OP = "fft_fno"
-ARCHS = ("sm_80", "sm_90")
-FLAGS = ("-std=c++17", "-O3", "-prec-div=true", "-prec-sqrt=true", "-ftz=false", "-fmad=true")
 SOURCE = cuda_source_dir() / "spectral.cu"
-PTX_TYPES = {"float": "f32", "int64_t": "u64", "uint64_t": "u64", "int32_t": "u32"}
-REGISTERS_PER_SM = 65536
 U = 2.0**-24
-SYMBOLS = {ref.symbol: ref for ref in registry.lookup(OP).symbols}
+SYMBOLS = symbols(OP)
 
 
 # -- the build ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """spectral.cu compiled once per arch (in parallel), warnings as errors: (result, PTX, resources)."""
-    def compile_for(arch):
-        out = tmp_path_factory.mktemp(f"spectral_{arch}")
-        cmd = [str(find_nvcc().path), *FLAGS, f"-arch={arch}", "-Xptxas", "-v", "-Werror", "all-warnings",
-               "-I", str(cuda_source_dir()), "-cubin", "-keep", "-keep-dir", str(out), "-o", str(out / "spectral.cubin"),
-               str(SOURCE)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        ptx = out / "spectral.ptx"
-        return arch, (result, ptx.read_text() if ptx.exists() else "", ptxas_report(result.stderr))
-    with ThreadPoolExecutor(len(ARCHS)) as pool:
-        return dict(pool.map(compile_for, ARCHS))
-
-
-def ptxas_report(stderr: str) -> dict:
-    """{kernel: (registers, stack frame bytes, spill store bytes, spill load bytes, static smem bytes)}."""
-    report = {}
-    for block in re.split(r"Compiling entry function ", stderr)[1:]:
-        name = re.match(r"'(\w+)'", block)[1]
-        frame, stores, loads = map(int, re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                                                  block).groups())
-        smem = re.search(r"(\d+) bytes smem", block)
-        report[name] = (int(re.search(r"Used (\d+) registers", block)[1]), frame, stores, loads, int(smem[1]) if smem else 0)
-    return report
-
-
-def ptx_entries(ptx: str) -> dict:
-    return {m[1]: re.findall(r"\.param \.(\w+) ", m[2]) for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx)}
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_warnings_or_spills(build, arch):
-    result, _, report = build[arch]
-    assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
-    assert set(report) == set(SYMBOLS), "every kernel of the file is a registered entry point"
-    for name, (registers, frame, stores, loads, _) in report.items():
-        assert stores == loads == frame == 0, f"{name} spills on {arch}"
-        assert registers * plans.BLOCK <= REGISTERS_PER_SM, f"{name}: {registers} registers cannot run {plans.BLOCK} threads"
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_ptx_entries_have_the_declared_parameter_lists(build, arch):
-    entries = ptx_entries(build[arch][1])
-    for name, ref in SYMBOLS.items():
-        assert name in entries, f"no .entry {name} in the {arch} PTX"
-        expected = ["u64" if p.pointer else PTX_TYPES[p.ctype] for p in map(parse_param, ref.params)]
-        assert entries[name] == expected, f"{name}: PTX {entries[name]} for the declared {ref.params}"
+@pytest.mark.parametrize("arch", ARCHES)
+def test_compiles_without_warnings_or_spills(arch):
+    assert build_problems(FAMILY, arch, max_registers=REGISTERS_PER_SM // plans.BLOCK) == []
 
 
 def test_source_spells_out_each_declared_signature():
-    source = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", SOURCE.read_text()))
-    for name, ref in SYMBOLS.items():
-        assert ref.path == "cuda/spectral.cu"
-        declaration = rf'extern "C" __global__ __launch_bounds__\([^)]*\) void {name}\({re.escape(", ".join(ref.params))}\)'
-        assert re.search(declaration, source), f"{name}: the source does not declare {ref.params}"
+    assert family_ops(FAMILY) == {OP}
+    assert signature_problems(FAMILY, launch_bounds=True) == []
 
 
 def test_plan_constants_match_the_kernels():
@@ -108,30 +51,19 @@ def test_plan_constants_match_the_kernels():
 
 # -- the per-element math, on the host --------------------------------------------------------------
 
-F32P = ctypes.POINTER(ctypes.c_float)
-I64P = ctypes.POINTER(ctypes.c_int64)
 I64, I32 = ctypes.c_int64, ctypes.c_int32
 
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    lib = load("spectral_host", host_build_dir)
-    sig = {
+    return declare(load("spectral_host", host_build_dir), {
         "host_fft_fno_fwd": [F32P] * 4 + [I64] * 5 + [I32],
         "host_fft_fno_bwd": [F32P] * 7 + [I64] * 5 + [I32],
         "host_rfft_modes": [F32P, I64, I64, F32P, I32],
         "host_fno_twiddles": [I64, I64P, I64, F32P, F32P, I32],
         "host_fno_turns": [I64, I64, I64, I64P],
         "host_fno_bin_scale": [F32P, I64P, I64, I64, F32P],
-    }
-    for name, argtypes in sig.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
-    return lib
-
-
-def ptr(a: np.ndarray):
-    return a.ctypes.data_as(F32P if a.dtype == np.float32 else I64P)
+    })
 
 
 def dims(arrays):
@@ -158,57 +90,30 @@ def host_vjp(lib, arrays, g_, table=True):
     return {"x": dx, "w_re": dw_re, "w_im": dw_im}
 
 
-def cases(spec, sizes=("small", "medium", "large")):
-    out = []
-    for size in sizes:
-        out += spec.samples(size, seeded_rng(spec.name, size))
-    return out + spec.edges()
+def check_forward(lib, sample, table=True):
+    return check_host_model(OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, table), label=f" table={table}")
 
 
-def check_forward(lib, spec, sample, table=True):
-    arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    y = host_forward(lib, arrays, table)
-    r = REFERENCE.forward(spec, sample.inputs, **sample.params)
-    m = REFERENCE.magnitude(spec, sample.inputs, **sample.params)
-    result = compare(y, r, m, spec.error, spec.error.length(shapes_of(arrays), p), sample.worst_case)
-    assert result.passed, f"fft_fno forward {sample.summary()} table={table}: {result.reason} (worst {result.worst:.3g})"
-    return result.worst
-
-
-def check_vjp(lib, spec, sample, table=True):
-    arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-    g = seeded_rng(spec.name, f"g/{sample.case}").standard_normal(out_shape).astype(np.float32)
-    got = host_vjp(lib, arrays, g, table)
-    r = REFERENCE.vjp(spec, sample.inputs, g, **sample.params)
-    m = REFERENCE.vjp_magnitude(spec, sample.inputs, g, **sample.params)
-    worst = 0.0
-    for name in spec.differentiable:
-        model = spec.vjp_error_for(name)
-        result = compare(got[name], r[name], m[name], model, model.length(shapes_of(arrays), p), sample.worst_case)
-        assert result.passed, f"fft_fno d{name} {sample.summary()} table={table}: {result.reason} (worst {result.worst:.3g})"
-        worst = max(worst, result.worst)
-    return worst
+def check_vjp(lib, sample, table=True):
+    return check_host_model(OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, table), label=f" table={table}")
 
 
 def test_host_forward_meets_the_contract(lib):
     """Small and medium samples and every edge (the large sample runs the same code, slowly)."""
-    spec = get_spec(OP)
-    worst = max(check_forward(lib, spec, s) for s in cases(spec, ("small", "medium")))
+    worst = max(check_forward(lib, s) for s in cases(OP, ("small", "medium")))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 def test_host_vjp_meets_the_contract(lib):
-    spec = get_spec(OP)
-    worst = max(check_vjp(lib, spec, s) for s in cases(spec, ("small", "medium")))
+    worst = max(check_vjp(lib, s) for s in cases(OP, ("small", "medium")))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 def test_host_math_with_twiddles_on_the_fly(lib):
     """The kernels' path for grids too long for the shared-memory table (sincospif per turn)."""
-    spec = get_spec(OP)
-    for sample in cases(spec, ("small", "medium")):
-        check_forward(lib, spec, sample, table=False)
-        check_vjp(lib, spec, sample, table=False)
+    for sample in cases(OP, ("small", "medium")):
+        check_forward(lib, sample, table=False)
+        check_vjp(lib, sample, table=False)
 
 
 @pytest.mark.parametrize("table", [True, False])
@@ -268,37 +173,32 @@ def test_bin_weights_and_scale(lib):
         assert (out == (weight * v.astype(np.float64) / grid).astype(np.float32)).all(), grid
 
 
-# -- the kernels themselves, on the CPU emulator (test_kernels_norm.EMULATOR_H) ---------------------
+# -- the kernels themselves, on the CPU emulator ----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ for the CPU emulator")
-    return Emulator("spectral", tmp_path_factory.mktemp("spectral_emu"))
+def emulator(host_build_dir):
+    return family_emulator(FAMILY, host_build_dir, max_grid=(3, 2))
 
 
 def test_kernels_on_the_emulator(emulator):
     """spectral.cu itself, as launched by the plans (the twiddle table in dynamic shared memory):
     every output written, nothing outside, inputs intact, values within the error model."""
-    spec = get_spec(OP)
     problems = []
-    for sample in cases(spec, ("small", "medium")):
+    for sample in cases(OP, ("small", "medium")):
         problems += emulated_problems(emulator, OP, sample)
     assert problems == []
 
 
 def test_kernels_on_the_emulator_without_the_table(emulator):
     """The same launches without dynamic shared memory: twiddles computed on the fly."""
-    spec = get_spec(OP)
-
     class NoTable:
         def run(self, plan, arrays, misalign=None):
             launches = tuple(dataclasses.replace(launch, shared_bytes=0) for launch in plan.launches)
             return emulator.run(dataclasses.replace(plan, launches=launches), arrays, misalign)
 
     problems = []
-    for sample in cases(spec, ("small",)):
+    for sample in cases(OP, ("small",)):
         problems += emulated_problems(NoTable(), OP, sample, {"x": 1, "w_re": 2, "g": 3})
     assert problems == []
 
@@ -306,25 +206,12 @@ def test_kernels_on_the_emulator_without_the_table(emulator):
 # -- launch plans -----------------------------------------------------------------------------------
 
 
-def test_plans_are_legal_for_every_sample(build):
-    spec = get_spec(OP)
-    forward_plan, backward_plan = plan_functions(registry.lookup(OP))
-    assert plans.PLANS[OP] == (forward_plan, backward_plan)
-    resources = {arch: build[arch][2] for arch in ARCHS}
-    for sample in cases(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        fwd, bwd = forward_plan(arrays, p), backward_plan(arrays, p)
-        for arch in ARCHS:
-            for plan in (fwd, bwd):
-                assert plan_problems(plan, SYMBOLS, arch) == [], f"{plan.direction} {sample.summary()}"
-                for launch in plan.launches:
-                    registers, _, _, _, smem = resources[arch][launch.symbol]
-                    assert registers * int(np.prod(launch.block)) <= REGISTERS_PER_SM, launch
-                    assert smem + launch.shared_bytes <= 48 * 1024, launch
-        assert dict(fwd.output_shapes) == {"out": out_shape}
-        assert dict(bwd.output_shapes) == {f"d{k}": arrays[k].shape for k in spec.differentiable}
-        assert {b.name for b in fwd.buffers if b.role == "input"} == {t.name for t in spec.inputs}
-        assert [launch.args[-1] for launch in fwd.launches] == [0, 1, 2]
+def _three_stages(case):
+    assert [launch.args[-1] for launch in case.forward.launches] == [0, 1, 2]
+
+
+def test_plans_are_legal_for_every_sample():
+    assert plan_case_problems(OP, check=_three_stages) == []
 
 
 def test_plans_size_the_launches_as_the_kernels_expect():
@@ -348,13 +235,10 @@ def test_planted_launch_faults_are_caught():
                                    "w_im": np.zeros((3, 3, 2), np.float32)}, {}, np.float32)
     plan = plans.forward(arrays, p)
     launch = plan.launches[0]
-
-    def problems(**changes):
-        return plan_problems(dataclasses.replace(plan, launches=(dataclasses.replace(launch, **changes),)), SYMBOLS, "sm_80")
-
-    assert plan_problems(plan, SYMBOLS) == []
-    assert any("2048 threads" in m for m in problems(block=(2048, 1, 1)))
-    assert any("11 arguments for 12" in m for m in problems(args=launch.args[:-1]))
-    assert any("writable" in m for m in problems(args=("x", "w_re", "w_im", "x", *launch.args[4:])))
-    assert any("dynamic shared memory" in m for m in problems(shared_bytes=200 * 1024))
-    assert any("not declared" in m for m in problems(symbol="capsule_fft_fno_bwd"))
+    assert missed_faults(plan, SYMBOLS, [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        ("11 arguments for 12", {"args": launch.args[:-1]}),
+        ("writable", {"args": ("x", "w_re", "w_im", "x", *launch.args[4:])}),
+        ("dynamic shared memory", {"shared_bytes": 200 * 1024}),
+        ("not declared", {"symbol": "capsule_fft_fno_bwd"}),
+    ], arch="sm_80") == []

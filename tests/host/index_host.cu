@@ -1,14 +1,8 @@
 // Host harness of cuda/index.cuh: each kernel of cuda/index.cu replayed on the host with the same
-// per-element functions (grid-stride loops run one item after another, the warp tree lane by lane).
+// per-element functions (grid-stride loops run one item after another, the warp tree lane by lane;
+// replay.h: the tree, and the count of 16-byte accesses off alignment).
 
-// Every 16-byte access the replayed kernels make is counted here when its address is not 16-byte
-// aligned (on the GPU it would fault); the tests read the count after each replay.
-#include <cstdint>
-static int64_t g_misaligned = 0;
-void index_host_check_aligned(const void* a, const void* b) {
-    if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15u) ++g_misaligned;
-}
-#define CAPSULE_HOST_CHECK_ALIGNED(a, b) index_host_check_aligned(a, b)
+#include "replay.h"
 
 #include "index.cuh"
 
@@ -37,15 +31,6 @@ int gather(const uint32_t* x, const int64_t* index, uint32_t* y, int64_t outer, 
     return vec4 ? 1 : 0;
 }
 
-float tree32(float* p) {  // the device's xor-shuffle tree: lane l adds lane l ^ d, d = 16 ... 1
-    float next[32];
-    for (int d = 16; d > 0; d >>= 1) {
-        for (int l = 0; l < 32; ++l) next[l] = p[l] + p[l ^ d];
-        for (int l = 0; l < 32; ++l) p[l] = next[l];
-    }
-    return p[0];
-}
-
 template <typename I>
 void segments(const float* base, const float* src, const int64_t* order, const int64_t* starts, float* out,
               int64_t outer, int64_t size, int64_t inner, int64_t count, bool warps) {
@@ -54,7 +39,7 @@ void segments(const float* base, const float* src, const int64_t* order, const i
         if (warps) {
             float p[32];
             for (int lane = 0; lane < 32; ++lane) p[lane] = capsule_segment_sum(0.0f, src, order, seg, inner, count, lane, 32);
-            const float total = tree32(p);
+            const float total = capsule_replay::tree32(p);
             out[e] = base ? base[e] + total : total;
         } else {
             out[e] = capsule_segment_sum(base ? base[e] : 0.0f, src, order, seg, inner, count, 0, 1);
@@ -109,11 +94,4 @@ extern "C" int64_t host_gather_source(int64_t e, int64_t size, int64_t inner, in
     if (use32) return capsule_gather_source<uint32_t>(static_cast<uint32_t>(e), static_cast<uint32_t>(size),
                                                       static_cast<uint32_t>(inner), static_cast<uint32_t>(count), index);
     return capsule_gather_source<int64_t>(e, size, inner, count, index);
-}
-
-// Misaligned 16-byte accesses since the last call (and reset).
-extern "C" int64_t host_misaligned_accesses() {
-    const int64_t n = g_misaligned;
-    g_misaligned = 0;
-    return n;
 }

@@ -1,15 +1,9 @@
 // Host harness of cuda/view.cuh: each kernel of cuda/view.cu replayed on the host with the same
 // per-element functions, the grid-stride loops run one item after another, the shared-memory tile of
-// the permute path as a host array, the warp shuffle tree of broadcast's backward lane by lane.
+// the permute path as a host array, the warp shuffle tree of broadcast's backward lane by lane
+// (replay.h: the tree, and the count of 16-byte accesses off alignment).
 
-// Every 16-byte access the replayed kernels make is counted here when its address is not 16-byte
-// aligned (on the GPU it would fault); the tests read the count after each replay.
-#include <cstdint>
-static int64_t g_misaligned = 0;
-void view_host_check_aligned(const void* a, const void* b) {
-    if ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15u) ++g_misaligned;
-}
-#define CAPSULE_HOST_CHECK_ALIGNED(a, b) view_host_check_aligned(a, b)
+#include "replay.h"
 
 #include <vector>
 
@@ -74,15 +68,6 @@ void slice_fill(const uint32_t* g, uint32_t* dx, const CapsuleSliceFill& f, int6
     }
 }
 
-float tree32(float* p) {  // the device's xor-shuffle tree: lane l adds lane l ^ d, d = 16 ... 1
-    float next[32];
-    for (int d = 16; d > 0; d >>= 1) {
-        for (int l = 0; l < 32; ++l) next[l] = p[l] + p[l ^ d];
-        for (int l = 0; l < 32; ++l) p[l] = next[l];
-    }
-    return p[0];
-}
-
 }  // namespace
 
 extern "C" int64_t host_view_offset(const int64_t* shape, const int64_t* stride, int rank, int64_t i, int use32) {
@@ -125,7 +110,7 @@ extern "C" int host_broadcast_bwd(const float* g, float* dx, const int64_t* geom
             float p[32];
             for (int lane = 0; lane < group; ++lane)
                 p[lane] = capsule_broadcast_partial<int64_t>(g, kshape, kstride, nk, sshape, sstride, ns, j, lane, group, copies);
-            dx[j] = group == 32 ? tree32(p) : p[0];
+            dx[j] = group == 32 ? capsule_replay::tree32(p) : p[0];
         }
     } else {
         const int lanes = block < 32 ? block : 32, warps = block / lanes;
@@ -173,11 +158,4 @@ extern "C" void host_rows(int which, int64_t a, int64_t b, int64_t c, int64_t d,
                   : which == 1 ? capsule_concat_bwd_rows(a, b, c, d, e)
                                : capsule_slice_fwd_rows(a, b, c, d, e);
     out[0] = r.rows; out[1] = r.len; out[2] = r.src0; out[3] = r.src_step; out[4] = r.dst0; out[5] = r.dst_step;
-}
-
-// Misaligned 16-byte accesses since the last call (and reset).
-extern "C" int64_t host_misaligned_accesses() {
-    const int64_t n = g_misaligned;
-    g_misaligned = 0;
-    return n;
 }
