@@ -169,7 +169,8 @@ def render_check(report) -> str:
         out += ["", tabulate(kernels, headers=("kernel", "arch", "registers", "spill st", "spill ld", "stack", "smem"),
                              tablefmt="simple")]
     counts = {s: sum(1 for c in report.capsules if c.status.value == s) for s in ("PASSED", "FAILED", "PENDING")}
-    out += ["", f"{counts['PASSED']} passed, {counts['FAILED']} failed, {counts['PENDING']} pending (kernels not written) "
+    pending = f", {counts['PENDING']} pending (kernels not written)" if counts["PENDING"] else ""
+    out += ["", f"{counts['PASSED']} passed, {counts['FAILED']} failed{pending} "
                 f"of {len(report.capsules)} capsules; arches {', '.join(report.arches)}; nvcc {report.nvcc}; "
                 f"{report.fresh_compiles} compiled, {report.cached_compiles} from cache; {report.seconds:.1f} s"]
     return "\n".join(out)

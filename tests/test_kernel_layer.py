@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capsule_core import check as check_engine
-from capsule_core import kernels, registry
+from capsule_core import kernels
 from capsule_core.errors import EnvironmentMissing
 from capsule_core.launch import Buffer, Launch, LaunchPlan, plan_problems
 from capsule_core.model import NativeSymbolRef
