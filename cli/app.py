@@ -1,8 +1,6 @@
 """The Typer app. Commands parse options, call capsule_core and write what report.py renders:
 results to stdout, errors to stderr. Heavy modules are imported inside the command that needs them."""
 
-from __future__ import annotations
-
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional

@@ -3,8 +3,6 @@
 Kept light at import time: numpy, the engine and the backends load inside the command.
 """
 
-from __future__ import annotations
-
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional

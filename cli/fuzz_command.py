@@ -3,8 +3,6 @@
 Kept light at import time: hypothesis, numpy and the engine load inside the command.
 """
 
-from __future__ import annotations
-
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
