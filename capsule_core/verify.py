@@ -8,6 +8,7 @@ and a one-line rerun. Tolerances come only from the OpSpecs' error models (desig
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -331,7 +332,6 @@ class _Run:
                 self.backend.forward(self.spec, dict(error_case.sample.inputs), dict(error_case.sample.params),
                                      GuardedOutput((0,)))
             except InputError as exc:
-                import re
                 if not isinstance(exc, error_case.error) or not re.search(error_case.match, str(exc)):
                     return Result("shape.guard", Status.FAILED,
                                   f"{error_case.sample.case}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
@@ -357,7 +357,7 @@ class _Run:
         params = dict(base.params)
 
         def run(p):
-            arrays, q, shape = validate(self.spec, {}, p, np.float32)
+            _, _, shape = validate(self.spec, {}, p, np.float32)
             out = GuardedOutput(shape)
             self.backend.forward(self.spec, {}, dict(p), out)
             return out.view.copy()
