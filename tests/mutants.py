@@ -31,7 +31,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.special
 
 from capsule_core.errors import InputError
 from capsule_core.execution import GUARD_ELEMENTS, NumpyBackend, Run
@@ -177,7 +176,8 @@ def _lenient_write(out, y):
 
 def _gelu_erf(f, a, p):
     x = a["x"]
-    return _cast(x, 0.5 * x * (1.0 + scipy.special.erf(x * np.float32(1.0 / math.sqrt(2.0)))))
+    from scipy.special import erf  # here, not at import: the GPU machine has no scipy
+    return _cast(x, 0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0)))))
 
 
 def _sigmoid_unstable(f, a, p):
