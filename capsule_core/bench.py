@@ -34,6 +34,7 @@ import numpy as np
 
 from . import baselines as twins_table
 from .errors import CapsuleError, InputError
+from .launch import flat_buffers
 from .ops import get_spec
 from .ops.base import Cost, OpSpec, Sample, normalize_params, numel, seeded_rng, shapes_of, validate, working_params
 
@@ -408,7 +409,7 @@ class CudaDevice:
         plan = functions[0](arrays, params)
         if not plan.launches:
             raise NoKernel("its plan launches no kernel")
-        return self.gpu.plan_target(capsule, plan, _flat_inputs(arrays))
+        return self.gpu.plan_target(capsule, plan, flat_buffers(arrays))
 
     def copy_peak(self):
         nbytes = int(min(1 << 30, self.gpu.free_bytes() // 4)) // 16 * 16
@@ -434,17 +435,6 @@ class CudaDevice:
 def device_for(backend):
     """The bench device of a backend from capsule_core.backends.select.resolve."""
     return CudaDevice(backend) if backend.name == "cuda" else NumpyDevice()
-
-
-def _flat_inputs(arrays: Mapping[str, Any]) -> dict:
-    """Plan buffer names: a variadic input xs becomes xs[0], xs[1], ..."""
-    flat = {}
-    for name, value in arrays.items():
-        if isinstance(value, tuple):
-            flat.update({f"{name}[{i}]": v for i, v in enumerate(value)})
-        else:
-            flat[name] = value
-    return flat
 
 
 def measure_peaks(device, rule: StoppingRule) -> Peaks:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .kernels import ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, compile_all, cuda_source_dir, find_nvcc
-from .launch import parse_param, plan_functions, plan_problems
+from .kernels import (ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, KernelResources, compile_all,
+                      cuda_source_dir, find_nvcc)
+from .launch import flat_buffers, parse_param, plan_functions, plan_problems
 from .model import KernelCapsule, NativeSymbolRef, contracts_aligned
 
 
@@ -34,14 +35,11 @@ class CheckItem:
 
 
 @dataclass(frozen=True)
-class KernelRow:
+class KernelRow(KernelResources):
+    """ptxas's report for one entry point on one architecture."""
+
     symbol: str
     arch: str
-    registers: int
-    spill_stores: int
-    spill_loads: int
-    stack_bytes: int
-    shared_bytes: int
 
 
 @dataclass(frozen=True)
@@ -131,13 +129,7 @@ def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
         expected = {"out": out_shape}
         directions = [("fwd", forward_plan, expected)]
         if spec.has_vjp and backward_plan is not None:
-            grads = {}
-            for name in spec.differentiable:
-                value = arrays[name]
-                if isinstance(value, tuple):
-                    grads.update({f"d{name}[{i}]": v.shape for i, v in enumerate(value)})
-                else:
-                    grads[f"d{name}"] = value.shape
+            grads = {k: v.shape for k, v in flat_buffers({n: arrays[n] for n in spec.differentiable}, "d").items()}
             directions.append(("bwd", backward_plan, grads))
         elif spec.has_vjp:
             problems.append("the op has a VJP but no backward plan")
@@ -188,8 +180,7 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
                     r = resources.get(ref.symbol)
                     if r is None:
                         continue
-                    kernels.append(KernelRow(ref.symbol, arch, r.registers, r.spill_stores, r.spill_loads,
-                                             r.stack_bytes, r.shared_bytes))
+                    kernels.append(KernelRow(**vars(r), symbol=ref.symbol, arch=arch))
                     if r.spill_stores or r.spill_loads:
                         warnings.append(f"{ref.symbol} ({arch}) spills {r.spill_stores} bytes stored, {r.spill_loads} loaded")
             if problems:

@@ -77,6 +77,18 @@ class LaunchPlan:
         raise KeyError(name)
 
 
+def flat_buffers(values: Mapping[str, Any], prefix: str = "") -> dict:
+    """Per-input values under their plan buffer names: x becomes prefix + "x", a variadic input
+    xs becomes prefix + "xs[0]", prefix + "xs[1]", ... ("d" names the gradients)."""
+    flat = {}
+    for name, value in values.items():
+        if isinstance(value, (tuple, list)):
+            flat.update({f"{prefix}{name}[{i}]": v for i, v in enumerate(value)})
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
 def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """A grid-stride launch over n elements: at most `max_blocks` blocks (enough to fill an H200's
     132 SMs many times over), at least one block so that empty tensors still launch legally."""

@@ -9,6 +9,8 @@ import typer
 
 from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
+from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
+from cli.options import BackendOption
 
 app = typer.Typer(
     name="capsules",
@@ -35,28 +37,6 @@ class ShowFormat(str, Enum):
     json = "json"
 
 
-class VjpOption(str, Enum):
-    none = "none"
-    torchlean_tape = "torchlean_tape"
-    backend_vjp = "backend_vjp"
-
-
-class ReductionOption(str, Enum):
-    fixed_left = "fixed-left"
-    implementation_defined = "implementation-defined"
-    not_applicable = "n/a"
-
-
-class DeviceOption(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class AssuranceOption(str, Enum):
-    checked = "checked"
-    external = "external"
-
-
 def fail(message: str, code: int) -> typer.Exit:
     """Write `message` to stderr and return the Exit to raise (so callers read `raise fail(...)`)."""
     typer.echo(f"capsules: error: {message}", err=True)
@@ -81,8 +61,8 @@ def root(
 def list_command(
     module: Annotated[Optional[str], typer.Option(help="Only this registry module: native_cuda or reference.")] = None,
     family: Annotated[Optional[str], typer.Option(help="Only this kernel family (pointwise, softmax, conv_pool, ...).")] = None,
-    vjp: Annotated[Optional[VjpOption], typer.Option(help="Only this VJP mode.")] = None,
-    reduction: Annotated[Optional[ReductionOption], typer.Option(help="Only this reduction policy.")] = None,
+    vjp: Annotated[Optional[VJPMode], typer.Option(help="Only this VJP mode.")] = None,
+    reduction: Annotated[Optional[ReductionPolicy], typer.Option(help="Only this reduction policy.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
 ):
     """One row per capsule: name, op, family, VJP mode, reduction policy, symbols.
@@ -90,11 +70,9 @@ def list_command(
     Example: capsules list --module native_cuda --family softmax
     """
     from capsule_core import registry, report
-    from capsule_core.model import ReductionPolicy, VJPMode
 
     try:
-        capsules = registry.filter_capsules(module, family, VJPMode(vjp.value) if vjp else None,
-                                            ReductionPolicy(reduction.value) if reduction else None)
+        capsules = registry.filter_capsules(module, family, vjp, reduction)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     json_value = [report.capsule_record(c) for c in capsules]
@@ -155,9 +133,9 @@ def export(
 @app.command()
 def select(
     op: Annotated[str, typer.Argument(help="An op name, e.g. sin.")],
-    device: Annotated[DeviceOption, typer.Option(help="The device the program runs on.")] = DeviceOption.cuda,
+    device: Annotated[Device, typer.Option(help="The device the program runs on.")] = Device.CUDA,
     provider: Annotated[str, typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference).")] = "auto",
-    assurance: Annotated[AssuranceOption, typer.Option(help="checked: only checked capsules; external: trusted-external too.")] = AssuranceOption.checked,
+    assurance: Annotated[AssurancePolicy, typer.Option(help="checked: only checked capsules; external: trusted-external too.")] = AssurancePolicy.CHECKED,
     vjp: Annotated[bool, typer.Option("--vjp/--no-vjp", help="Require a VJP (for ops that have one).")] = True,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
 ):
@@ -171,7 +149,7 @@ def select(
     import json
 
     from capsule_core import registry, report
-    from capsule_core.model import AssurancePolicy, Device, KernelPolicy, ProviderPreference
+    from capsule_core.model import KernelPolicy, ProviderPreference
 
     try:
         backend_op = registry.parse_op(op)
@@ -181,7 +159,7 @@ def select(
         preference = ProviderPreference.parse(provider)
     except ValueError as exc:
         raise fail(f"--provider: {exc}", EXIT_USAGE)
-    policy = KernelPolicy(Device(device.value), preference, AssurancePolicy(assurance.value), vjp)
+    policy = KernelPolicy(device, preference, assurance, vjp)
     selection = registry.select(backend_op, policy)
     if fmt is ShowFormat.json:
         typer.echo(json.dumps(report.selection_record(selection), indent=2))
@@ -231,13 +209,7 @@ def check(
     raise typer.Exit(result.exit_code)
 
 
-class BackendOption(str, Enum):
-    auto = "auto"
-    cuda = "cuda"
-    numpy = "numpy"
-
-
-def _progress(total: int, label: str):
+def _progress():
     """A progress bar on a terminal, nothing in CI (stderr not a tty, or CAPSULES_PROGRESS=0)."""
     import contextlib
     import os
@@ -314,7 +286,7 @@ def verify(
                   *[a for c in check or () for a in ("--check", c)], *(["--case", case] if case else [])]
     start = clock.perf_counter()
     try:
-        with _progress(len(capsules), "verify") as progress:
+        with _progress() as progress:
             task = progress.add_task("verify", total=len(capsules)) if progress else None
             for capsule in capsules:
                 if progress:

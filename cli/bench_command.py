@@ -127,7 +127,7 @@ def bench(
         raise fail(str(exc), EXIT_ENVIRONMENT)
     settings = engine.Settings(chosen_size, cold, rule, libraries, seed)
 
-    with _progress(len(capsules), "bench") as bar:
+    with _progress() as bar:
         task = bar.add_task("bench", total=len(capsules)) if bar else None
 
         def progress(done: int, total: int, label: str):

@@ -3,27 +3,22 @@
 Kept light at import time: hypothesis, numpy and the engine load inside the command.
 """
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from cli.options import BackendOption
 
 DEFAULT_EXAMPLES = 100
 """Examples per capsule when neither --examples nor --time is given."""
 DEFAULT_SAVE = Path("capsules-fuzz-failures")
 
 
-class FuzzBackend(str, Enum):
-    auto = "auto"
-    cuda = "cuda"
-    numpy = "numpy"
-
-
 def fuzz(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    backend: Annotated[FuzzBackend, typer.Option(help="auto: cuda when a GPU answers, else numpy.")] = FuzzBackend.auto,
+    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else numpy.")] = BackendOption.auto,
     time_budget: Annotated[Optional[float], typer.Option(
         "--time", help="Seconds for the whole run, shared across the capsules (shrinking a failure may run over "
                        "by up to 20 s).")] = None,
@@ -104,7 +99,7 @@ def fuzz(
     result = engine.FuzzReport(chosen.name, note, run_seed, time_budget, max_examples)
     start = clock.perf_counter()
     try:
-        with _progress(len(capsules), "fuzz") as progress:
+        with _progress() as progress:
             task = progress.add_task("fuzz", total=len(capsules)) if progress else None
 
             def on_example(state):

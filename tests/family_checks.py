@@ -30,7 +30,7 @@ from capsule_core import registry
 from capsule_core.backends.cpu import REFERENCE
 from capsule_core.check import expected_ptx_type
 from capsule_core.kernels import ARCHES, CompiledFile, CompileError, compile_all, cuda_source_dir
-from capsule_core.launch import LaunchPlan, plan_functions, plan_problems
+from capsule_core.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Exact, seeded_rng, shapes_of, validate
@@ -184,14 +184,8 @@ def gradients(spec, outputs: dict) -> dict:
 
 def result_shapes(spec, arrays: dict, out_shape) -> tuple[dict, dict]:
     """The outputs a forward and a backward plan declare: {"out": y's shape}, {"dx": x's shape, ...}."""
-    grads = {}
-    for name in spec.differentiable:
-        value = arrays[name]
-        if isinstance(value, tuple):
-            grads.update({f"d{name}[{i}]": tuple(np.shape(v)) for i, v in enumerate(value)})
-        else:
-            grads[f"d{name}"] = tuple(np.shape(value))
-    return {"out": tuple(out_shape)}, grads
+    grads = flat_buffers({name: arrays[name] for name in spec.differentiable}, "d")
+    return {"out": tuple(out_shape)}, {k: tuple(np.shape(v)) for k, v in grads.items()}
 
 
 def bits(a) -> np.ndarray:
@@ -280,11 +274,8 @@ def _reference_shapes(spec, sample, outputs, problems):
     forward = {"out": tuple(y.shape)}
     backward = {}
     if spec.has_vjp:
-        for name, value in REFERENCE.vjp(spec, sample.inputs, np.zeros(y.shape, np.float32), **sample.params).items():
-            if isinstance(value, tuple):
-                backward.update({f"d{name}[{i}]": tuple(v.shape) for i, v in enumerate(value)})
-            else:
-                backward[f"d{name}"] = tuple(value.shape)
+        grads = REFERENCE.vjp(spec, sample.inputs, np.zeros(y.shape, np.float32), **sample.params)
+        backward = {k: tuple(v.shape) for k, v in flat_buffers(grads, "d").items()}
     if (forward, backward) != tuple(outputs):
         problems.append(f"{sample.case}: the reference's shapes {forward} {backward} are not the op's {outputs}")
     return forward, backward

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import CapsuleError, EnvironmentMissing
 from ..execution import GUARD_ELEMENTS, GuardedOutput, Run
+from ..launch import flat_buffers
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class CudaBackend:
         capsule, (forward_plan, _) = self._plans(spec)
         plan = forward_plan(arrays, p)
         before = self.launch_count
-        after = self.execute(capsule, plan, _flat_inputs(arrays), {"out": out})
+        after = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
         return Run(_unflatten(after, inputs), self.launch_count - before)
 
     def backward(self, spec, inputs, params, g, grads) -> Run:
@@ -205,41 +206,17 @@ class CudaBackend:
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
         capsule, (forward_plan, backward_plan) = self._plans(spec)
         before = self.launch_count
-        host = _flat_inputs(arrays)
+        host = flat_buffers(arrays)
         host["g"] = np.ascontiguousarray(g, dtype=np.float32)
         plan = backward_plan(arrays, p)
         if any(b.name == "out" and b.role == "input" for b in plan.buffers):
             y = GuardedOutput(out_shape)
-            self.execute(capsule, forward_plan(arrays, p), _flat_inputs(arrays), {"out": y})
+            self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
             host["out"] = y.view.copy()
-        outputs = {}
-        for name, target in grads.items():
-            if isinstance(target, tuple):
-                outputs.update({f"d{name}[{i}]": t for i, t in enumerate(target)})
-            else:
-                outputs[f"d{name}"] = target
-        after = self.execute(capsule, plan, host, outputs)
+        after = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
         result = _unflatten(after, inputs)
         result["g"] = after.get("g", host["g"])
         return Run(result, self.launch_count - before)
-
-    # -- timing ----------------------------------------------------------------------------
-
-    def event_pair(self):
-        """Two CUDA events for timing a region (start.record(); ...; end.record(); end.synchronize())."""
-        return self.drv.Event(), self.drv.Event()
-
-
-def _flat_inputs(arrays: dict) -> dict:
-    """Plan buffer names of the inputs: a variadic input xs becomes xs[0], xs[1], ..."""
-    flat = {}
-    for name, value in arrays.items():
-        if isinstance(value, tuple):
-            flat.update({f"{name}[{i}]": v for i, v in enumerate(value)})
-        else:
-            flat[name] = value
-    return flat
-
 
 def _unflatten(after: dict, inputs: dict) -> dict:
     out = {}
