@@ -10,7 +10,7 @@ import typer
 from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
 from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
-from cli.options import BackendOption
+from cli.options import ArchOption, BackendOption
 
 app = typer.Typer(
     name="capsules",
@@ -165,11 +165,6 @@ def select(
         typer.echo(json.dumps(report.selection_record(selection), indent=2))
     else:
         typer.echo(report.render_selection(selection))
-
-
-class ArchOption(str, Enum):
-    sm_80 = "sm_80"
-    sm_90 = "sm_90"
 
 
 @app.command()
@@ -334,6 +329,9 @@ app.command()(bench)
 
 from cli.fuzz_command import fuzz  # noqa: E402
 app.command()(fuzz)
+
+from cli.plan_command import plan  # noqa: E402
+app.command()(plan)
 
 
 def main():

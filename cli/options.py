@@ -7,3 +7,10 @@ class BackendOption(str, Enum):
     auto = "auto"
     cuda = "cuda"
     numpy = "numpy"
+
+
+class ArchOption(str, Enum):
+    """The architectures the kernels are built for (capsule_core.kernels.ARCHES)."""
+
+    sm_80 = "sm_80"
+    sm_90 = "sm_90"

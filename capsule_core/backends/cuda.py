@@ -59,6 +59,28 @@ def probe() -> CudaProbe:
     return CudaProbe(version, driver_text, tuple(devices), None)
 
 
+@dataclass(frozen=True)
+class GpuProperties:
+    """What `capsules plan` needs of a GPU: its SM count and the clocks behind its nominal peaks."""
+
+    multiprocessors: int
+    clock_mhz: float
+    memory_clock_mhz: float
+    memory_bus_bits: int
+
+
+def gpu_properties(index: int) -> GpuProperties:
+    """The properties of a GPU that probe() found (EnvironmentMissing if the driver will not say)."""
+    import pycuda.driver as drv
+    try:
+        drv.init()
+        d, a = drv.Device(index), drv.device_attribute
+        return GpuProperties(d.get_attribute(a.MULTIPROCESSOR_COUNT), d.get_attribute(a.CLOCK_RATE) / 1e3,
+                             d.get_attribute(a.MEMORY_CLOCK_RATE) / 1e3, d.get_attribute(a.GLOBAL_MEMORY_BUS_WIDTH))
+    except Exception as exc:  # pycuda raises its own LogicError/RuntimeError types
+        raise EnvironmentMissing(f"cannot read GPU {index}'s properties: {exc}") from exc
+
+
 class LaunchFailed(CapsuleError):
     """A kernel launch or synchronisation failed: the CUDA context is poisoned, nothing more can
     run in this process (verify --isolate runs each capsule in its own)."""

@@ -293,17 +293,24 @@ def _normalize_param(op: str, p: Param, value):
     raise AssertionError(p.kind)
 
 
+def check_input_names(spec: OpSpec, names) -> None:
+    """Refuse an input the op does not take and a missing one (validate's rule, shared with
+    callers that only have shapes, such as `capsules plan`)."""
+    known = {t.name for t in spec.inputs}
+    for name in names:
+        if name not in known:
+            raise ShapeError(spec.name, name, f"unknown input (inputs: {', '.join(sorted(known)) or 'none'})")
+    for t in spec.inputs:
+        if t.name not in names:
+            raise ShapeError(spec.name, t.name, "required input is missing")
+
+
 def as_input_arrays(spec: OpSpec, inputs: Arrays, dtype) -> dict:
     """Check input names, convert float inputs to `dtype` and index inputs to int64,
     contiguous (the flat row-major layout contract)."""
-    names = {t.name for t in spec.inputs}
-    for name in inputs:
-        if name not in names:
-            raise ShapeError(spec.name, name, f"unknown input (inputs: {', '.join(sorted(names)) or 'none'})")
+    check_input_names(spec, inputs)
     out = {}
     for t in spec.inputs:
-        if t.name not in inputs:
-            raise ShapeError(spec.name, t.name, "required input is missing")
         value = inputs[t.name]
         if t.variadic:
             if not isinstance(value, (tuple, list)) or len(value) == 0:
