@@ -13,11 +13,11 @@ PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis"
 
 NEEDS = {
     "list": (), "show": (), "export": (), "select": (), "doctor": (), "check": ("nvcc",),
-    "verify --backend numpy": (), "verify --backend cuda": ("gpu",),
-    "fuzz --backend numpy": (), "fuzz --backend cuda": ("gpu",),
+    "verify --backend numpy": (), "verify --backend emu": ("c++",), "verify --backend cuda": ("gpu",),
+    "fuzz --backend numpy": (), "fuzz --backend emu": ("c++",), "fuzz --backend cuda": ("gpu",),
     "bench --backend numpy": (), "bench --backend cuda": ("gpu",),
 }
-"""Command name to what it needs: "nvcc", "gpu". Commands that need nothing run everywhere."""
+"""Command name to what it needs: "nvcc", "gpu", "c++" (the emulator's host compiler). Commands that need nothing run everywhere."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ def package_version(name: str) -> str | None:
 
 def examine() -> DoctorReport:
     from .backends import cuda
+    from .backends.emu import emulated_families, find_host_compiler
     from .kernels import cache_dir, find_nvcc
 
     facts = [Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),
@@ -57,13 +58,21 @@ def examine() -> DoctorReport:
     except EnvironmentMissing as exc:
         facts.append(Fact("nvcc", str(exc), False))
         have_nvcc = "nvcc not found"
+    try:
+        compiler = find_host_compiler()
+        facts.append(Fact("host C++ compiler", f"{compiler.version} at {compiler.path} (found by {compiler.rule}); "
+                                               f"emu runs all {len(emulated_families())} kernel families", True))
+        have_compiler = ""
+    except EnvironmentMissing as exc:
+        facts.append(Fact("host C++ compiler", str(exc), False))
+        have_compiler = str(exc)
     p = cuda.probe()
     facts.append(Fact("pycuda import", "ok" if p.pycuda_version else p.problem or "", p.pycuda_version is not None))
     facts.append(Fact("CUDA driver", p.driver_version or "none", p.driver_version is not None))
     gpus = "; ".join(f"#{d.index} {d.name} (sm {d.compute_capability}, {d.memory_gib:.0f} GiB)" for d in p.devices)
     facts.append(Fact("GPUs", gpus or (p.problem or "none"), bool(p.devices)))
     facts.append(Fact("cache folder", str(cache_dir()), True))
-    missing = {"nvcc": have_nvcc, "gpu": p.problem or ""}
+    missing = {"nvcc": have_nvcc, "gpu": p.problem or "", "c++": have_compiler}
     commands = []
     for command, needs in NEEDS.items():
         why = "; ".join(missing[n] for n in needs if missing[n])

@@ -233,7 +233,7 @@ def _write_reports(result, json_file, junit_file):
 def verify(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else numpy.")] = BackendOption.auto,
+    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy.")] = BackendOption.auto,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
     quick: Annotated[bool, typer.Option("--quick", help="Small samples and edges only (a CI smoke run).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs and cotangents.")] = 0,

@@ -12,6 +12,7 @@ import typer
 
 class BenchBackend(str, Enum):
     cuda = "cuda"
+    emu = "emu"
     numpy = "numpy"
 
 
@@ -114,8 +115,12 @@ def bench(
                        EXIT_ENVIRONMENT)
 
     from capsule_core.backends.select import resolve
+    if backend is BenchBackend.emu:
+        raise fail("--backend emu: the emulator runs every thread of a kernel one after another on the CPU, so its "
+                   "time says nothing about the kernel's; bench on a GPU (--backend cuda) or the numpy provider",
+                   EXIT_ENVIRONMENT)
     try:
-        chosen, note = resolve(backend.value if backend else "auto", device)
+        chosen, note = resolve(backend.value if backend else "auto", device, emulate=False)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     if "cupy" in requested and chosen.name != "cuda":

@@ -18,7 +18,7 @@ DEFAULT_SAVE = Path("capsules-fuzz-failures")
 def fuzz(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else numpy.")] = BackendOption.auto,
+    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy.")] = BackendOption.auto,
     time_budget: Annotated[Optional[float], typer.Option(
         "--time", help="Seconds for the whole run, shared across the capsules (shrinking a failure may run over "
                        "by up to 20 s).")] = None,

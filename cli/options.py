@@ -6,6 +6,7 @@ from enum import Enum
 class BackendOption(str, Enum):
     auto = "auto"
     cuda = "cuda"
+    emu = "emu"
     numpy = "numpy"
 
 

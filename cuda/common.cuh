@@ -167,6 +167,29 @@ CAPSULE_HD void store4_upto(float* p, int64_t e, int64_t n, bool vector, const f
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// The launch's dynamic shared memory (16-byte aligned) and its size in bytes; the CPU emulator
+// (capsule_emu.h) provides both.
+template <class T>
+__device__ __forceinline__ T* dynamic_shared() {
+#if defined(CAPSULE_EMU)
+    return reinterpret_cast<T*>(capsule_emu_dynamic_shared());
+#else
+    extern __shared__ __align__(16) unsigned char capsule_dynamic_shared_bytes[];
+    return reinterpret_cast<T*>(capsule_dynamic_shared_bytes);
+#endif
+}
+
+__device__ __forceinline__ unsigned dynamic_shared_bytes() {
+#if defined(CAPSULE_EMU)
+    return capsule_emu_dynamic_shared_bytes();
+#else
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+#endif
+}
+
+
 // This thread's index in a 1-D grid, and the grid's thread count (the grid-stride step).
 __device__ __forceinline__ int64_t thread_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 

@@ -26,36 +26,11 @@ constexpr int kMaxThreads = 256;
 constexpr int kModesPerThread = 4;   // KPT
 constexpr int kPointsPerThread = 4;  // TPT
 
-// The launch's dynamic shared memory: its size in bytes and its start. A host build of this file
-// (a CPU emulator of the kernels) may provide both through CAPSULE_EMU_DYNAMIC_SHARED_{BYTES,PTR}.
-__device__ __forceinline__ unsigned dynamic_smem_bytes() {
-#if defined(__CUDA_ARCH__)
-    unsigned bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return bytes;
-#elif defined(CAPSULE_EMU_DYNAMIC_SHARED_BYTES)
-    return CAPSULE_EMU_DYNAMIC_SHARED_BYTES;
-#else
-    return 0;
-#endif
-}
-
-__device__ __forceinline__ float2* dynamic_smem() {
-#if defined(__CUDA_ARCH__)
-    extern __shared__ float2 dynamic[];
-    return dynamic;
-#elif defined(CAPSULE_EMU_DYNAMIC_SHARED_PTR)
-    return reinterpret_cast<float2*>(CAPSULE_EMU_DYNAMIC_SHARED_PTR);
-#else
-    return nullptr;
-#endif
-}
-
 // The block's twiddle table, or nullptr when the launch did not give it room for G entries.
 // Every thread of the block must call it (one barrier).
 __device__ __forceinline__ const float2* twiddle_table(int64_t G) {
-    float2* table = dynamic_smem();
-    const bool fits = static_cast<uint64_t>(G) * sizeof(float2) <= dynamic_smem_bytes();
+    float2* table = capsule::dynamic_shared<float2>();
+    const bool fits = static_cast<uint64_t>(G) * sizeof(float2) <= capsule::dynamic_shared_bytes();
     if (fits) {
         for (int64_t r = threadIdx.x; r < G; r += blockDim.x) {
             float c, s;

@@ -1,32 +1,25 @@
-"""Run launch plans on the CPU the way the cuda backend will: guard-banded buffers, outputs and
-workspaces pre-filled with a NaN sentinel, every output element written, guard bands and inputs
-checked bitwise intact afterwards. Either through a host harness (HostReplay: a callable per
-launch) or through a kernel family's CUDA source itself, unchanged, compiled for the CPU against
-tests/host/cuda_emu.h (PlanRunner).
-
-The emulator runs every thread of a block as a fiber, so barriers and warp shuffles behave as on
-a GPU (a divergent one deadlocks and is reported); blocks run one after another over 3-D grids of
-3-D blocks, and the grid is capped (the kernels' grid-stride loops make any grid correct), which
-also exercises those loops. Dynamic shared memory, 64-bit shuffles, float2/float4 and __ldg are
-there. It checks logic, not timing: the math is the host's libm, within the same error models.
+"""Run launch plans on the CPU in test-made memory: guard-banded buffers at chosen misalignments,
+outputs and workspaces pre-filled with a NaN sentinel, every output element written, guard bands
+and inputs checked bitwise intact afterwards. Either through a host harness (HostReplay: a callable
+per launch) or through the product's emu backend (PlanRunner: capsule_core.backends.emu, the
+family's .cu unchanged on the CPU emulator), with the grid capped at `max_grid` blocks so that the
+kernels' grid-stride loops run several trips.
 """
 
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from capsule_core import registry
+from capsule_core.backends.emu import (EMULATOR_HEADER, HOST_FLAGS, LINKER_SCRIPT, EmuBackend, KernelFault,
+                                       find_host_compiler)
+from capsule_core.backends.device import SCALAR_TYPES
+from capsule_core.errors import EnvironmentMissing
 from capsule_core.kernels import cuda_source_dir
 from capsule_core.launch import LaunchPlan, parse_param
 
-HOST_DIR = Path(__file__).resolve().parent / "host"
 GUARD = 64
 """Elements of guard band on each side of every buffer."""
 GUARD_BITS = np.uint32(0x7F8BEEF0)
@@ -34,46 +27,28 @@ GUARD_BITS = np.uint32(0x7F8BEEF0)
 FILL_BITS = np.uint32(0x7FC0DEAD)
 """The NaN that outputs and workspaces hold before the launch (no test input holds it)."""
 
-CTYPES = {"float": ctypes.c_float, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "int32_t": ctypes.c_int32}
-
 
 def compiler() -> str | None:
-    return shutil.which("g++") or shutil.which("c++")
+    try:
+        return str(find_host_compiler().path)
+    except EnvironmentMissing:
+        return None
 
 
-def build(name: str, code: str, build_dir: str) -> ctypes.CDLL:
-    """C++ `code` (which #includes CUDA sources from cuda/) built against the emulator."""
+def build(name: str, code: str, build_dir: str):
+    """C++ `code` built against the product's emulator header, as the emu backend builds a family."""
+    import ctypes
+    import subprocess
     driver = Path(build_dir) / f"{name}_emu.cpp"
     driver.write_text(code)
     target = Path(build_dir) / f"lib{name}_emu.so"
-    cmd = [compiler(), "-std=c++20", "-O2", "-shared", "-fPIC", "-include", str(HOST_DIR / "cuda_emu.h"),
-           "-I", str(cuda_source_dir()), "-o", str(target), str(driver)]
+    source_dir = cuda_source_dir()
+    cmd = [compiler(), *HOST_FLAGS, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(source_dir),
+           "-o", str(target), str(driver), f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"emulator build of {name} failed:\n{result.stderr}")
     return ctypes.CDLL(str(target))
-
-
-@lru_cache(maxsize=None)
-def load_family(family: str, build_dir: str) -> ctypes.CDLL:
-    """cuda/<family>.cu compiled for the CPU with a wrapper
-    emu_<symbol>(grid x, y, z, block x, y, z, dynamic shared bytes, params...) per registry symbol
-    of the family; each returns 1, or 0 when the threads deadlocked."""
-    refs = {r.symbol: r for c in registry.CATALOG if c.family == family for r in c.symbols}
-    lines = [f'#include "{family}.cu"']
-    for symbol, ref in sorted(refs.items()):
-        names = ", ".join(parse_param(p).name for p in ref.params)
-        lines.append(f'extern "C" int emu_{symbol}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
-                     f'unsigned bz, unsigned shared, {", ".join(ref.params)}) {{\n'
-                     f"    return capsule_emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, shared, &{symbol}, {names})"
-                     " ? 1 : 0;\n}")
-    lib = build(family, "\n".join(lines) + "\n", build_dir)
-    for symbol, ref in refs.items():
-        fn = getattr(lib, f"emu_{symbol}")
-        fn.restype = ctypes.c_int
-        params = [parse_param(p) for p in ref.params]
-        fn.argtypes = [ctypes.c_uint] * 7 + [ctypes.c_void_p if p.pointer else CTYPES[p.ctype] for p in params]
-    return lib
 
 
 @dataclass
@@ -199,22 +174,29 @@ class HostReplay:
 
 
 class PlanRunner(HostReplay):
-    """Executes LaunchPlans of one family through its .cu on the emulator, the grid capped at
-    `max_grid` blocks (x, y)."""
+    """Executes LaunchPlans of one family through the emu backend, the grid capped at `max_grid`
+    blocks (x, y)."""
 
-    def __init__(self, family: str, build_dir: str, max_grid: tuple[int, int] = (4, 4)):
+    def __init__(self, family: str, build_dir: str = "", max_grid: tuple[int, int] = (4, 4)):
         super().__init__()
-        self.lib = load_family(family, str(build_dir))
+        from capsule_core import registry
+        self.device = EmuBackend()
+        self.refs = {r.symbol: r for c in registry.CATALOG if c.family == family for r in c.symbols}
         self.max_grid = max_grid
 
     def launch(self, memory: PlanMemory, launch):
         grid = (min(launch.grid[0], self.max_grid[0]), min(launch.grid[1], self.max_grid[1]), launch.grid[2])
-        ok = getattr(self.lib, f"emu_{launch.symbol}")(*grid, *launch.block, launch.shared_bytes, *memory.args(launch))
-        assert ok, f"{launch.symbol}: threads deadlocked at a barrier or a shuffle"
-        return ok
+        ref = self.refs[launch.symbol]
+        params = [parse_param(p) for p in ref.params]
+        args = [np.uintp(a) if p.pointer else SCALAR_TYPES[p.ctype](a) for p, a in zip(params, memory.args(launch))]
+        try:
+            self.device.launch(ref, grid, launch.block, launch.shared_bytes, args)
+        except KernelFault as exc:
+            raise AssertionError(f"{launch.symbol}: {exc}") from exc
+        return True
 
 
-def emulator(family: str, build_dir: str, max_grid: tuple[int, int] = (4, 4)) -> PlanRunner:
+def emulator(family: str, build_dir: str = "", max_grid: tuple[int, int] = (4, 4)) -> PlanRunner:
     """The family's PlanRunner; skips the test where no C++ compiler is installed."""
     if compiler() is None:
         import pytest

@@ -1,4 +1,4 @@
-"""The CPU emulator of tests/host/cuda_emu.h keeps CUDA's block semantics: every thread of a block
+"""The CPU emulator of cuda/capsule_emu.h keeps CUDA's block semantics: every thread of a block
 runs, barriers and warp shuffles exchange values as on a GPU (warps of consecutive linear thread
 indices in 2-D blocks; 32- and 64-bit values), blocks cover 2-D grids, dynamic shared memory is
 there, and a divergent barrier or shuffle (undefined behaviour on a GPU) is reported as a deadlock
@@ -15,6 +15,7 @@ from kernel_emu import FILL_BITS, HostReplay, PlanMemory, build, compiler
 
 SOURCE = r'''
 #include <cstdint>
+#include "common.cuh"
 __global__ void block_sums(const float* x, float* out) {
     __shared__ float partial[1024];
     partial[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
@@ -46,11 +47,11 @@ __global__ void warp_sums_2d(const float2* x, long long* isum, double* dsum, flo
 }
 // The dynamic shared memory the launch sized: its size, and a block-wide reversal through it.
 __global__ void reverse_through_dynamic_shared(const float* x, float* y, unsigned* bytes) {
-    float* s = reinterpret_cast<float*>(CAPSULE_EMU_DYNAMIC_SHARED_PTR);
+    float* s = capsule::dynamic_shared<float>();
     s[threadIdx.x] = x[threadIdx.x];
     __syncthreads();
     y[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
-    if (threadIdx.x == 0) *bytes = CAPSULE_EMU_DYNAMIC_SHARED_BYTES;
+    if (threadIdx.x == 0) *bytes = capsule::dynamic_shared_bytes();
 }
 __global__ void divergent_sync(float* out) {
     if (threadIdx.x < 5) __syncthreads();
@@ -61,19 +62,43 @@ __global__ void divergent_shuffle(float* out) {
     if ((threadIdx.x & 31) != 7) v = __shfl_xor_sync(0xffffffffu, v, 1);
     out[threadIdx.x] = v;
 }
+// What shared memory holds before the block writes it: the NaN pattern, static and dynamic.
+__global__ void read_unwritten_shared(unsigned* out) {
+    __shared__ unsigned tile[8];
+    const unsigned* dynamic = capsule::dynamic_shared<unsigned>();
+    out[blockIdx.x * 2] = tile[threadIdx.x];
+    out[blockIdx.x * 2 + 1] = dynamic[threadIdx.x];
+    tile[threadIdx.x] = 0;
+}
+__global__ void trap_in_block_one(float* out) {
+    if (blockIdx.x == 1 && threadIdx.x == 3) __trap();
+    out[threadIdx.x] = 1.0f;
+}
+__global__ void misaligned_float4(const float* x, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(x + 1);
+    out[threadIdx.x] = v.x;
+}
+extern "C" int run_read_unwritten_shared(unsigned* out) {
+    return capsule_emu::launch("read_unwritten_shared", dim3{2}, dim3{1}, 16, &read_unwritten_shared, out);
+}
+extern "C" int run_trap(float* out) { return capsule_emu::launch("trap_in_block_one", dim3{2}, dim3{32}, 0, &trap_in_block_one, out); }
+extern "C" int run_misaligned(const float* x, float* out) {
+    return capsule_emu::launch("misaligned_float4", dim3{1}, dim3{4}, 0, &misaligned_float4, x, out);
+}
+extern "C" const char* last_error() { return capsule_emu::state.error.c_str(); }
 extern "C" int run_block_sums(unsigned grid, unsigned block, const float* x, float* out) {
-    return capsule_emu::launch(dim3{grid}, dim3{block}, 0, &block_sums, x, out);
+    return capsule_emu::launch("block_sums", dim3{grid}, dim3{block}, 0, &block_sums, x, out);
 }
 extern "C" int run_warp_sums_2d(unsigned gx, unsigned gy, unsigned bx, unsigned by, const float2* x, long long* isum,
                                 double* dsum, float* y) {
-    return capsule_emu::launch(dim3{gx, gy}, dim3{bx, by}, 0, &warp_sums_2d, x, isum, dsum, y);
+    return capsule_emu::launch("warp_sums_2d", dim3{gx, gy}, dim3{bx, by}, 0, &warp_sums_2d, x, isum, dsum, y);
 }
 extern "C" int run_reverse(unsigned block, const float* x, float* y, unsigned* bytes) {
-    return capsule_emu::launch(dim3{1}, dim3{block}, block * 4, &reverse_through_dynamic_shared, x, y, bytes);
+    return capsule_emu::launch("reverse", dim3{1}, dim3{block}, block * 4, &reverse_through_dynamic_shared, x, y, bytes);
 }
-extern "C" int run_divergent_sync(float* out) { return capsule_emu::launch(dim3{1}, dim3{64}, 0, &divergent_sync, out); }
+extern "C" int run_divergent_sync(float* out) { return capsule_emu::launch("divergent_sync", dim3{1}, dim3{64}, 0, &divergent_sync, out); }
 extern "C" int run_divergent_shuffle(float* out) {
-    return capsule_emu::launch(dim3{1}, dim3{64}, 0, &divergent_shuffle, out);
+    return capsule_emu::launch("divergent_shuffle", dim3{1}, dim3{64}, 0, &divergent_shuffle, out);
 }
 '''
 
@@ -89,6 +114,10 @@ def lib(tmp_path_factory):
     lib.run_reverse.argtypes = [u, p, p, p]
     lib.run_divergent_sync.argtypes = [p]
     lib.run_divergent_shuffle.argtypes = [p]
+    lib.run_read_unwritten_shared.argtypes = [p]
+    lib.run_trap.argtypes = [p]
+    lib.run_misaligned.argtypes = [p, p]
+    lib.last_error.restype = ctypes.c_char_p
     return lib
 
 
@@ -125,11 +154,39 @@ def test_dynamic_shared_memory(lib):
 
 
 def test_divergent_barriers_and_shuffles_are_reported(lib):
+    """Never hung: the kernel, the block and which threads (lanes) arrived and which did not."""
     out = np.zeros(64, np.float32)
     assert lib.run_divergent_sync(out.ctypes.data) == 0
+    assert lib.last_error().decode() == ("divergent_sync block (0,0,0): __syncthreads at selftest_emu.cpp:42 reached by "
+                                         "threads 0-4 of 64; threads 5-63 exited without reaching it")
     assert lib.run_divergent_shuffle(out.ctypes.data) == 0
+    assert lib.last_error().decode() == ("divergent_shuffle block (0,0,0): warp 0: __shfl_xor_sync at selftest_emu.cpp:47 "
+                                         "reached by lanes 0-6,8-31 of 32; lanes 7 exited without reaching it")
     x = np.ones(64, np.float32)
     assert lib.run_block_sums(1, 64, x.ctypes.data, out.ctypes.data) == 1  # the emulator recovers
+
+
+def test_shared_memory_starts_each_block_as_a_nan_pattern(lib):
+    """A GPU gives stale bits, never zeros: static and dynamic shared memory hold 0x7FE5E5E5 (a NaN)
+    when each block starts, even after the previous block wrote zeros."""
+    out = np.zeros(4, np.uint32)
+    assert lib.run_read_unwritten_shared(out.ctypes.data) == 1
+    assert out.tolist() == [0x7FE5E5E5] * 4
+
+
+def test_trap_ends_the_launch_naming_kernel_block_and_thread(lib):
+    out = np.zeros(32, np.float32)
+    assert lib.run_trap(out.ctypes.data) == 0
+    assert lib.last_error().decode() == "trap_in_block_one block (1,0,0) thread (3,0,0): __trap() at selftest_emu.cpp:59"
+
+
+def test_a_misaligned_vector_access_is_an_error(lib):
+    x = np.zeros(16, np.float32)
+    base = x.ctypes.data + (-x.ctypes.data % 16)
+    out = np.zeros(4, np.float32)
+    assert lib.run_misaligned(base, out.ctypes.data) == 0
+    assert lib.last_error().decode().startswith(
+        f"misaligned_float4 block (0,0,0) thread (0,0,0): misaligned 16-byte access at address {base + 4:#x} at selftest_emu.cpp:")
 
 
 # -- kernel_emu.PlanMemory and HostReplay: the buffers every plan run (emulated or replayed) uses --

@@ -93,14 +93,16 @@ def test_cli_auto_says_which_backend_and_writes_json_and_junit(tmp_path):
     json_file, junit_file = tmp_path / "v.json", tmp_path / "v.xml"
     result = runner.invoke(app, ["verify", "relu", "add", "--quick", "--json", str(json_file), "--junit", str(junit_file),
                                  *[a for c in DYNAMIC for a in ("--check", c)]])
-    assert result.stderr.startswith("backend auto -> numpy: no GPU here")
+    assert result.stderr.startswith("backend auto -> emu: no GPU here")
     assert result.exit_code == 0, result.stdout
     doc = json.loads(json_file.read_text())
-    assert doc["schema"] == "capsules.verify" and doc["backend"] == "numpy" and doc["exit_code"] == 0
+    assert doc["schema"] == "capsules.verify" and doc["backend"] == "emu" and doc["exit_code"] == 0
     assert [c["name"] for c in doc["capsules"]] == ["native_cuda.relu", "native_cuda.add"]
     value = next(c for c in doc["capsules"][0]["checks"] if c["id"] == "value")
     assert value["status"] == "PASSED" and value["worst"] == 0.0 and value["repro"].startswith("capsules verify relu")
-    suites = ElementTree.parse(junit_file).getroot().findall("testsuite")
+    root = ElementTree.parse(junit_file).getroot()
+    assert root.get("name") == "capsules verify (emu)"
+    suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == ["native_cuda.relu", "native_cuda.add"]
     assert all(s.get("failures") == "0" and s.get("errors") == "0" for s in suites)
 

@@ -3,19 +3,20 @@
 A context on the chosen device; cubins from the nvcc layer loaded with module_from_buffer; each
 entry point prepared from the registry's declared C parameters (so a launch can only pass what
 the registry declares); device buffers for every buffer of a launch plan, outputs inside guard
-bands (capsule_core.execution); upload, launches, download; CUDA events for timing.
+bands (capsule_core.backends.device: the execution path it shares with the emulator); CUDA
+events for timing.
 """
 
 from __future__ import annotations
 
 import atexit
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import CapsuleError, EnvironmentMissing
-from ..execution import GUARD_ELEMENTS, GuardedOutput, Run
-from ..launch import flat_buffers
+from .device import DTYPES, SCALAR_TYPES, DeviceBackend
 
 
 @dataclass(frozen=True)
@@ -89,16 +90,15 @@ class LaunchFailed(CapsuleError):
 
 
 PREPARE_FORMAT = {"float": "f", "int32_t": "i", "int64_t": "q", "uint64_t": "Q"}
-SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
-DTYPES = {"float32": np.float32, "int64": np.int64}
 
 
-class CudaBackend:
-    """Runs launch plans on one GPU."""
+class CudaBackend(DeviceBackend):
+    """Runs launch plans on one GPU: the device calls of DeviceBackend through PyCUDA."""
 
     name = "cuda"
 
     def __init__(self, device: int = 0):
+        super().__init__()
         import pycuda.driver as drv
         self.drv = drv
         try:
@@ -111,15 +111,27 @@ class CudaBackend:
         major, minor = self.device.compute_capability()
         self.arch = f"sm_{major}{minor}"
         self.description = f"{self.device.name()} ({self.arch})"
-        self.launch_count = 0
         self._modules: dict = {}
         self._functions: dict = {}
+        self._allocations: dict = {}
 
     def _close(self):
         try:
             self.context.pop()
         except Exception:
             pass
+
+    @contextmanager
+    def _driver(self, what: str):
+        """Driver errors as the library's: out of memory is the environment, any other failure
+        poisons the context (LaunchFailed)."""
+        drv = self.drv
+        try:
+            yield
+        except drv.MemoryError as exc:
+            raise EnvironmentMissing(f"out of GPU memory ({what}): {exc}") from exc
+        except (drv.LaunchError, drv.LogicError, drv.RuntimeError) as exc:
+            raise LaunchFailed(f"{what}: {exc}") from exc
 
     # -- kernels ---------------------------------------------------------------------------
 
@@ -137,117 +149,40 @@ class CudaBackend:
             self._functions[ref.symbol] = (fn, params)
         return self._functions[ref.symbol]
 
-    # -- execution -------------------------------------------------------------------------
+    # -- the device interface --------------------------------------------------------------
 
-    def execute(self, capsule, plan, host: dict, outputs: dict) -> dict:
-        """Allocate every buffer of `plan`, upload `host` inputs and meta data, launch in order,
-        download the guarded outputs in place; returns the input buffers read back."""
-        drv = self.drv
-        symbols = {r.symbol: r for r in capsule.symbols}
-        allocations, pointers = [], {}
+    def allocate(self, nbytes: int) -> int:
+        with self._driver(f"allocating {nbytes} bytes"):
+            allocation = self.drv.mem_alloc(int(nbytes))
+        self._allocations[int(allocation)] = allocation
+        return int(allocation)
 
-        def alloc(nbytes):
-            a = drv.mem_alloc(max(int(nbytes), 16))
-            allocations.append(a)
-            return a
-        try:
-            for b in plan.buffers:
-                if b.name in plan.aliases:
-                    continue
-                if b.role == "output":
-                    guarded = outputs[b.name]
-                    a = alloc(guarded.full.nbytes)
-                    drv.memcpy_htod(a, guarded.full)
-                    pointers[b.name] = int(a) + 4 * GUARD_ELEMENTS
-                elif b.role in ("input", "meta"):
-                    data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
-                    data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
-                    a = alloc(data.nbytes)
-                    if data.size:
-                        drv.memcpy_htod(a, data)
-                    pointers[b.name] = int(a)
-                else:
-                    a = alloc(b.elements * np.dtype(DTYPES[b.dtype]).itemsize)
-                    pointers[b.name] = int(a)
-            for launch in plan.launches:
-                fn, params = self.function(symbols[launch.symbol])
-                args = [np.uintp(pointers[a]) if p.pointer else SCALAR_TYPES[p.ctype](a) for p, a in zip(params, launch.args)]
-                if launch.shared_bytes > 48 * 1024:
-                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)
-                self.launch_count += 1
-                fn.prepared_call(launch.grid, launch.block, *args, shared_size=launch.shared_bytes)
+    def free(self, address: int):
+        allocation = self._allocations.pop(address, None)
+        if allocation is not None:
+            try:
+                allocation.free()
+            except Exception:  # a poisoned context cannot free; the process ends soon after
+                pass
+
+    def upload(self, address: int, data: np.ndarray):
+        with self._driver("copy to the device"):
+            self.drv.memcpy_htod(address, data)
+
+    def download(self, data: np.ndarray, address: int):
+        with self._driver("copy from the device"):
+            self.drv.memcpy_dtoh(data, address)
+
+    def launch(self, ref, grid, block, shared_bytes, args):
+        with self._driver(f"launch of {ref.symbol}"):
+            fn, _ = self.function(ref)
+            if shared_bytes > 48 * 1024:
+                fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+            fn.prepared_call(tuple(grid), tuple(block), *args, shared_size=shared_bytes)
+
+    def synchronize(self):
+        with self._driver("synchronize"):
             self.context.synchronize()
-            for b in plan.buffers:
-                if b.role == "output" and b.name not in plan.aliases:
-                    guarded = outputs[b.name]
-                    base = pointers[b.name] - 4 * GUARD_ELEMENTS
-                    drv.memcpy_dtoh(guarded.full, base)
-            for out, src in plan.aliases.items():
-                view = outputs[out].view
-                if view.size:
-                    drv.memcpy_dtoh(view, pointers[src])
-            after = {}
-            for b in plan.buffers:
-                if b.role == "input":
-                    data = np.empty(np.asarray(host[b.name]).shape, DTYPES[b.dtype])
-                    if data.size:
-                        drv.memcpy_dtoh(data, pointers[b.name])
-                    after[b.name] = data
-            return after
-        except drv.MemoryError as exc:
-            raise EnvironmentMissing(f"out of GPU memory for {plan.op} {plan.direction}: {exc}") from exc
-        except (drv.LaunchError, drv.LogicError, drv.RuntimeError) as exc:
-            raise LaunchFailed(f"{plan.op} {plan.direction}: {exc}") from exc
-        finally:
-            for a in allocations:
-                try:
-                    a.free()
-                except Exception:
-                    pass
-
-    def _plans(self, spec):
-        from ..launch import plan_functions
-        from ..registry import lookup
-        capsule = lookup(spec.name)
-        functions = plan_functions(capsule)
-        if functions is None:
-            raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")
-        return capsule, functions
-
-    def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
-        from ..ops.base import validate
-        arrays, p, _ = validate(spec, inputs, params, np.float32)
-        capsule, (forward_plan, _) = self._plans(spec)
-        plan = forward_plan(arrays, p)
-        before = self.launch_count
-        after = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
-        return Run(_unflatten(after, inputs), self.launch_count - before)
-
-    def backward(self, spec, inputs, params, g, grads) -> Run:
-        from ..ops.base import validate
-        arrays, p, out_shape = validate(spec, inputs, params, np.float32)
-        capsule, (forward_plan, backward_plan) = self._plans(spec)
-        before = self.launch_count
-        host = flat_buffers(arrays)
-        host["g"] = np.ascontiguousarray(g, dtype=np.float32)
-        plan = backward_plan(arrays, p)
-        if any(b.name == "out" and b.role == "input" for b in plan.buffers):
-            y = GuardedOutput(out_shape)
-            self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
-            host["out"] = y.view.copy()
-        after = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
-        result = _unflatten(after, inputs)
-        result["g"] = after.get("g", host["g"])
-        return Run(result, self.launch_count - before)
-
-def _unflatten(after: dict, inputs: dict) -> dict:
-    out = {}
-    for name, value in inputs.items():
-        if isinstance(value, (tuple, list)):
-            out[name] = tuple(after.get(f"{name}[{i}]", v) for i, v in enumerate(value))
-        else:
-            out[name] = after.get(name, value)
-    return out
 
 
 # -- bench: timing on the device ------------------------------------------------------------

@@ -1,17 +1,25 @@
-"""Which backend a command runs on: `auto` is cuda when PyCUDA imports and a device answers,
-else the numpy provider."""
+"""Which backend a command runs on: `auto` is cuda when PyCUDA imports and a device answers, else
+the emulator when a host C++ compiler is there, else the numpy provider (design §3)."""
 
 from __future__ import annotations
 
 from ..errors import EnvironmentMissing
 
+BACKENDS = ("auto", "cuda", "emu", "numpy")
 
-def resolve(name: str, device: int = 0):
+
+def resolve(name: str, device: int = 0, emulate: bool = True):
     """(backend, one line saying what was chosen and why). Raises EnvironmentMissing for an
-    explicit `cuda` that this machine cannot run."""
+    explicit `cuda` or `emu` that this machine cannot run. `emulate` False: auto never picks the
+    emulator (bench: an emulator's time is no kernel timing)."""
     from ..execution import NumpyBackend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
     if name == "numpy":
-        return NumpyBackend(), "backend numpy: the numpy float32 provider on the CPU"
+        return NumpyBackend(), "backend numpy: the numpy float32 provider on the CPU (no kernel runs)"
+    if name == "emu":
+        backend = _emulator()
+        return backend, f"backend emu: {backend.description}"
     from . import cuda
     probe = cuda.probe()
     if probe.problem is None and device < len(probe.devices):
@@ -20,4 +28,15 @@ def resolve(name: str, device: int = 0):
     problem = probe.problem or f"--device {device}: only {len(probe.devices)} device(s) here"
     if name == "cuda":
         raise EnvironmentMissing(f"--backend cuda needs a GPU: {problem}")
-    return NumpyBackend(), f"backend auto -> numpy: no GPU here ({problem})"
+    if not emulate:
+        return NumpyBackend(), f"backend auto -> numpy: no GPU here ({problem})"
+    try:
+        backend = _emulator()
+    except EnvironmentMissing as exc:
+        return NumpyBackend(), f"backend auto -> numpy: no GPU here ({problem}) and no emulator ({exc})"
+    return backend, f"backend auto -> emu: no GPU here ({problem}); the kernels run on the {backend.description}"
+
+
+def _emulator():
+    from .emu import EmuBackend
+    return EmuBackend()

@@ -1,0 +1,156 @@
+"""One execution path for the devices that run the kernels: the GPU (cuda) and the CPU emulator
+(emu), design §8.
+
+A device implements six calls: allocate, upload, download, launch, synchronize, free. Everything
+above them is written once here: the plans of an op, guarded outputs (guard bands around a
+NaN-sentinel view, capsule_core.execution), inputs and host metadata uploaded, workspaces left
+as the device gives them, every launch of the plan in order, outputs and aliases downloaded, the
+inputs read back for `inputs.intact`. So the emulator exercises every line of a GPU run except
+the driver calls themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CapsuleError
+from ..execution import GUARD_ELEMENTS, GuardedOutput, Run
+from ..launch import flat_buffers, parse_param
+
+DTYPES = {"float32": np.float32, "int64": np.int64}
+SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
+
+
+class DeviceBackend:
+    """Runs launch plans on a device; subclasses implement the device calls."""
+
+    name = "device"
+    description = "a device"
+
+    def __init__(self):
+        self.launch_count = 0
+
+    # -- the device interface ------------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> int:
+        """A device allocation of at least `nbytes` (aligned to 256 bytes, like cudaMalloc); its address."""
+        raise NotImplementedError
+
+    def free(self, address: int):
+        raise NotImplementedError
+
+    def upload(self, address: int, data: np.ndarray):
+        raise NotImplementedError
+
+    def download(self, data: np.ndarray, address: int):
+        """Fill the contiguous host array `data` from device memory at `address`."""
+        raise NotImplementedError
+
+    def launch(self, ref, grid: tuple, block: tuple, shared_bytes: int, args: list):
+        """Launch entry point `ref` (a NativeSymbolRef); `args` are typed as its declared C parameters
+        (device addresses as np.uintp, scalars as numpy scalars of the declared type)."""
+        raise NotImplementedError
+
+    def synchronize(self):
+        raise NotImplementedError
+
+    # -- plans ---------------------------------------------------------------------------------
+
+    def _plans(self, spec):
+        from ..launch import plan_functions
+        from ..registry import lookup
+        capsule = lookup(spec.name)
+        functions = plan_functions(capsule)
+        if functions is None:
+            raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")
+        return capsule, functions
+
+    def execute(self, capsule, plan, host: dict, outputs: dict) -> dict:
+        """Allocate every buffer of `plan`, upload `host` inputs and meta data, launch in order,
+        download the guarded outputs in place; returns the input buffers read back."""
+        symbols = {r.symbol: r for r in capsule.symbols}
+        allocations, pointers = [], {}
+
+        def alloc(nbytes):
+            address = self.allocate(max(int(nbytes), 16))
+            allocations.append(address)
+            return address
+        try:
+            for b in plan.buffers:
+                if b.name in plan.aliases:
+                    continue
+                if b.role == "output":
+                    guarded = outputs[b.name]
+                    address = alloc(guarded.full.nbytes)
+                    self.upload(address, guarded.full)
+                    pointers[b.name] = address + 4 * GUARD_ELEMENTS
+                elif b.role in ("input", "meta"):
+                    data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
+                    data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
+                    address = alloc(data.nbytes)
+                    if data.size:
+                        self.upload(address, data)
+                    pointers[b.name] = address
+                else:
+                    pointers[b.name] = alloc(b.elements * np.dtype(DTYPES[b.dtype]).itemsize)
+            for launch in plan.launches:
+                ref = symbols[launch.symbol]
+                params = [parse_param(p) for p in ref.params]
+                args = [np.uintp(pointers[a]) if p.pointer else SCALAR_TYPES[p.ctype](a) for p, a in zip(params, launch.args)]
+                self.launch_count += 1
+                self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+            self.synchronize()
+            for b in plan.buffers:
+                if b.role == "output" and b.name not in plan.aliases:
+                    self.download(outputs[b.name].full, pointers[b.name] - 4 * GUARD_ELEMENTS)
+            for out, src in plan.aliases.items():
+                view = outputs[out].view
+                if view.size:
+                    self.download(view, pointers[src])
+            after = {}
+            for b in plan.buffers:
+                if b.role == "input":
+                    data = np.empty(np.asarray(host[b.name]).shape, DTYPES[b.dtype])
+                    if data.size:
+                        self.download(data, pointers[b.name])
+                    after[b.name] = data
+            return after
+        finally:
+            for address in allocations:
+                self.free(address)
+
+    def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
+        from ..ops.base import validate
+        arrays, p, _ = validate(spec, inputs, params, np.float32)
+        capsule, (forward_plan, _) = self._plans(spec)
+        plan = forward_plan(arrays, p)
+        before = self.launch_count
+        after = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
+        return Run(_unflatten(after, inputs), self.launch_count - before)
+
+    def backward(self, spec, inputs, params, g, grads) -> Run:
+        from ..ops.base import validate
+        arrays, p, out_shape = validate(spec, inputs, params, np.float32)
+        capsule, (forward_plan, backward_plan) = self._plans(spec)
+        before = self.launch_count
+        host = flat_buffers(arrays)
+        host["g"] = np.array(g, dtype=np.float32, order="C")  # ascontiguousarray would make a 0-d g 1-d
+        plan = backward_plan(arrays, p)
+        if any(b.name == "out" and b.role == "input" for b in plan.buffers):
+            y = GuardedOutput(out_shape)
+            self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
+            host["out"] = y.view.copy()
+        after = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
+        result = _unflatten(after, inputs)
+        result["g"] = after.get("g", host["g"])
+        return Run(result, self.launch_count - before)
+
+
+def _unflatten(after: dict, inputs: dict) -> dict:
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, (tuple, list)):
+            out[name] = tuple(after.get(f"{name}[{i}]", v) for i, v in enumerate(value))
+        else:
+            out[name] = after.get(name, value)
+    return out

@@ -1,0 +1,247 @@
+"""The emu backend: the kernels themselves on the CPU (design §8).
+
+Each family's cuda/<family>.cu is compiled unchanged by the host C++ compiler against
+cuda/capsule_emu.h (forced in first), with a generated table `capsule_emu_run(symbol, dims, args)`
+of the family's registered entry points, into a shared library loaded with ctypes. Builds are
+cached by content hash (sources, includes, the emulator header, the table, compiler and version,
+flags) beside the cubins, written atomically. Device memory is host memory: allocations are
+256-byte aligned and start as a NaN pattern (a GPU gives stale bits, never zeros).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CapsuleError, EnvironmentMissing
+from .device import DeviceBackend
+
+EMULATOR_HEADER = "capsule_emu.h"
+LINKER_SCRIPT = "capsule_emu.ld"
+HOST_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fsanitize=alignment",
+              "-fdata-sections", "-w")
+"""-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
+checked, the handler in the emulator header ends the launch (a GPU faults); -fdata-sections: each
+__shared__ variable in its own section, for capsule_emu.ld."""
+BUILD_FORMAT = 1
+DEVICE_FILL = np.uint32(0x7FC0FEED)
+"""What fresh device memory holds: a NaN, so that a workspace read before it is written shows."""
+ALIGNMENT = 256
+
+
+class KernelFault(CapsuleError):
+    """A launch on the emulator ended with an error a GPU would fault or hang on: a divergent
+    barrier or shuffle, __trap(), a misaligned access. The emulator itself stays usable."""
+
+    poisoned = False
+
+
+@dataclass(frozen=True)
+class HostCompiler:
+    path: Path
+    version: str
+    rule: str
+    """How it was found: "CXX" or "PATH"."""
+
+
+def find_host_compiler() -> HostCompiler:
+    """The C++ compiler for the emulator: $CXX when set (an error when it is not a compiler), else
+    g++ or clang++ on PATH. Raises EnvironmentMissing when there is none."""
+    wanted = os.environ.get("CXX")
+    if wanted:
+        path = shutil.which(wanted)
+        if path is None:
+            raise EnvironmentMissing(f"CXX={wanted}: no such compiler; unset CXX or point it at g++ or clang++")
+        return HostCompiler(Path(path), _version(Path(path)), "CXX")
+    for name in ("g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            return HostCompiler(Path(path), _version(Path(path)), "PATH")
+    raise EnvironmentMissing("the emu backend needs a C++ compiler (g++ or clang++ on PATH, or CXX); install g++")
+
+
+@lru_cache(maxsize=None)
+def _version(path: Path) -> str:
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EnvironmentMissing(f"{path} does not run: {exc}") from exc
+    return (out.splitlines() or ["unknown"])[0].strip()
+
+
+class EmuBuildError(CapsuleError):
+    """The host compiler refused a family (a kernel uses a device feature the emulator lacks)."""
+
+
+def _argument(param, index: int) -> str:
+    """The C++ expression of parameter `param` from the raw 64-bit argument word a[index]."""
+    ctype = f"{'const ' if param.const else ''}{param.ctype}"
+    if param.pointer:
+        return f"reinterpret_cast<{ctype}*>(a[{index}])"
+    if param.ctype == "float":
+        return f"capsule_emu_bits<float>(static_cast<uint32_t>(a[{index}]))"
+    return f"static_cast<{param.ctype}>(a[{index}])"
+
+
+def dispatch_source(family: str, refs) -> str:
+    """The generated table of a family: capsule_emu_run(symbol, dims[7], args) launches one entry
+    point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol)."""
+    from ..launch import parse_param
+    lines = [f'#include "{family}.cu"', "",
+             'extern "C" int capsule_emu_run(const char* symbol, const unsigned* d, const uint64_t* a) {',
+             "    const dim3 grid{d[0], d[1], d[2]}, block{d[3], d[4], d[5]};"]
+    for ref in sorted(refs, key=lambda r: r.symbol):
+        params = [parse_param(p) for p in ref.params]
+        args = "".join(f", {_argument(p, i)}" for i, p in enumerate(params))
+        lines.append(f'    if (std::strcmp(symbol, "{ref.symbol}") == 0)\n'
+                     f'        return capsule_emu::launch("{ref.symbol}", grid, block, d[6], &{ref.symbol}{args}) ? 1 : 0;')
+    lines += ["    return -1;", "}", "",
+              'extern "C" const char* capsule_emu_error() { return capsule_emu::state.error.c_str(); }', ""]
+    return "\n".join(lines)
+
+
+def emulated_families() -> list[str]:
+    """The kernel families (cuda/<family>.cu) behind the native capsules: what emu runs."""
+    from .. import registry
+    return sorted({Path(ref.path).stem for c in registry.CATALOG for ref in c.symbols})
+
+
+def family_refs(family: str) -> list:
+    from .. import registry
+    seen = {}
+    for capsule in registry.CATALOG:
+        if capsule.family == family:
+            for ref in capsule.symbols:
+                seen[ref.symbol] = ref
+    return list(seen.values())
+
+
+def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...]) -> str:
+    from ..kernels import cuda_source_dir, source_closure
+    source_dir = cuda_source_dir()
+    digest = hashlib.sha256()
+    digest.update(f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
+                  f"flags={' '.join(flags)}\n".encode())
+    digest.update(driver.encode())
+    paths = set(source_closure(source_dir / f"{family}.cu")) | {source_dir / EMULATOR_HEADER, source_dir / LINKER_SCRIPT}
+    for path in sorted(paths, key=lambda p: p.name):
+        digest.update(f"{path.name}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class EmuBuild:
+    family: str
+    path: Path
+    cached: bool
+
+
+def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source: str = "",
+                 output: str = "libfamily.so") -> EmuBuild:
+    """cuda/<family>.cu built for the CPU with its dispatch table (plus `extra_source`, e.g. a
+    runner's main), from the content-hash cache when an intact build is there."""
+    from ..kernels import cache_dir, cuda_source_dir
+    compiler = find_host_compiler()
+    driver = dispatch_source(family, family_refs(family)) + extra_source
+    key = build_key(family, driver, compiler, flags)
+    entry = cache_dir() / "emu" / f"{family}-{key}"
+    target = entry / output
+    if target.is_file():
+        return EmuBuild(family, target, True)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    source_dir = cuda_source_dir()
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as work:
+        work = Path(work)
+        out = work / "entry"
+        out.mkdir()
+        (out / "dispatch.cpp").write_text(driver)
+        cmd = [str(compiler.path), *flags, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(source_dir),
+               "-o", str(out / output), str(out / "dispatch.cpp"), f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise EmuBuildError(f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
+                                f"{result.stderr.strip()[:4000]}\ncommand: {' '.join(cmd)}")
+        try:
+            out.rename(entry)
+        except OSError:
+            pass  # another process renamed its identical build into place first
+    if not target.is_file():
+        raise EnvironmentMissing(f"the emulator build cache at {entry} cannot be written; set CAPSULES_CACHE")
+    return EmuBuild(family, target, False)
+
+
+@lru_cache(maxsize=None)
+def load_family(family: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build_family(family).path))
+    lib.capsule_emu_run.restype = ctypes.c_int
+    lib.capsule_emu_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint64)]
+    lib.capsule_emu_error.restype = ctypes.c_char_p
+    return lib
+
+
+def argument_words(args: list) -> np.ndarray:
+    """Typed launch arguments as the 64-bit words capsule_emu_run reads (a float in the low 32 bits)."""
+    words = np.zeros(max(len(args), 1), np.uint64)
+    for i, a in enumerate(args):
+        if isinstance(a, np.float32):
+            words[i] = int(a.view(np.uint32))
+        else:
+            words[i] = int(a) & 0xFFFFFFFFFFFFFFFF
+    return words
+
+
+class EmuBackend(DeviceBackend):
+    """The kernels on the CPU emulator, behind the same device interface as the GPU."""
+
+    name = "emu"
+
+    def __init__(self):
+        super().__init__()
+        self.compiler = find_host_compiler()
+        self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
+        self._memory: dict[int, np.ndarray] = {}
+
+    def allocate(self, nbytes: int) -> int:
+        words = -(-int(nbytes) // 4)
+        storage = np.empty(words + ALIGNMENT // 4, np.uint32)
+        lead = (-storage.ctypes.data % ALIGNMENT) // 4
+        storage[:] = DEVICE_FILL
+        address = storage.ctypes.data + 4 * lead
+        self._memory[address] = storage
+        return address
+
+    def free(self, address: int):
+        self._memory.pop(address, None)
+
+    def upload(self, address: int, data: np.ndarray):
+        data = np.ascontiguousarray(data)
+        ctypes.memmove(address, data.ctypes.data, data.nbytes)
+
+    def download(self, data: np.ndarray, address: int):
+        if not data.flags.c_contiguous:
+            raise ValueError("download needs a contiguous host array")
+        ctypes.memmove(data.ctypes.data, address, data.nbytes)
+
+    def launch(self, ref, grid, block, shared_bytes, args):
+        family = Path(ref.path).stem
+        lib = load_family(family)
+        dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))
+        words = argument_words(args)
+        status = lib.capsule_emu_run(ref.symbol.encode(), dims, words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
+        if status == -1:
+            raise KernelFault(f"{ref.symbol} is not in the emulator build of {ref.path}")
+        if status != 1:
+            raise KernelFault(lib.capsule_emu_error().decode(errors="replace"))
+
+    def synchronize(self):
+        """Launches run to completion on the calling thread: nothing is in flight."""

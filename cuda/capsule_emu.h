@@ -1,0 +1,622 @@
+// The CUDA device, emulated on the CPU: a kernel family's .cu file compiles unchanged with the host
+// C++ compiler when this header is forced in first (g++ -std=c++20 -include capsule_emu.h), and runs
+// through capsule_emu_run(symbol, dims, args) (capsule_core/backends/emu.py builds the table).
+//
+// The device code path runs: __CUDA_ARCH__ is 900, and the intrinsics get their IEEE meaning (the
+// _rn roundings are single correctly rounded operations, the compiler contracts nothing:
+// -ffp-contract=off). Host libm stands in for CUDA's.
+//
+// Every CUDA thread of a block is a fiber on one OS thread, run round-robin; blocks run one after
+// another over the whole grid, as planned. __syncthreads is a barrier of the block and a warp
+// shuffle a barrier of the warp (32 consecutive linear thread indices); arrivals at one barrier
+// must come from one source line. Strict where a GPU is:
+// - a barrier or shuffle reached by part of a block or warp (or from different lines) is reported
+//   with the kernel, block and which threads arrived, never hung;
+// - __trap() ends the launch with an error naming the kernel, block and thread;
+// - a misaligned access (a float4 at an address not a multiple of 16) ends the launch with an error
+//   (the build instruments every typed access with -fsanitize=alignment; the handler is here);
+// - shared memory, static and dynamic, holds a NaN pattern at the start of every block, as a GPU
+//   holds stale bits, so a read before a write cannot pass for zeros.
+// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE and, for racecheck,
+// CAPSULE_EMU_TSAN: fibers then switch through ucontext, announced to the sanitizer runtime.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <source_location>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#if defined(CAPSULE_EMU_SANITIZE) || !defined(__x86_64__)
+#define CAPSULE_EMU_UCONTEXT 1
+#include <ucontext.h>
+#endif
+
+#define __CUDA_ARCH__ 900
+#define CAPSULE_EMU 1
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// Static shared variables: function-scope statics, gathered by capsule_emu.ld into one section so
+// that each block starts with all of them filled.
+#define __shared__ static __attribute__((aligned(16)))
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+struct alignas(8) float2 {
+    float x, y;
+};
+
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
+struct alignas(8) int2 {
+    int x, y;
+};
+
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return int2{x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+
+// -- arithmetic intrinsics: one IEEE operation each ---------------------------------------------
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+inline float rsqrtf(float a) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(a))); }
+inline double rsqrt(double a) { return 1.0 / std::sqrt(a); }
+inline float __saturatef(float a) { return a != a ? 0.0f : (a < 0.0f ? 0.0f : (a > 1.0f ? 1.0f : a)); }
+
+template <class To, class From>
+inline To capsule_emu_bits(From v) {
+    static_assert(sizeof(To) == sizeof(From));
+    To r;
+    std::memcpy(&r, &v, sizeof r);
+    return r;
+}
+inline int __float_as_int(float v) { return capsule_emu_bits<int>(v); }
+inline unsigned __float_as_uint(float v) { return capsule_emu_bits<unsigned>(v); }
+inline float __int_as_float(int v) { return capsule_emu_bits<float>(v); }
+inline float __uint_as_float(unsigned v) { return capsule_emu_bits<float>(v); }
+inline long long __double_as_longlong(double v) { return capsule_emu_bits<long long>(v); }
+inline double __longlong_as_double(long long v) { return capsule_emu_bits<double>(v); }
+
+inline void sincospi(double a, double* s, double* c) {
+    *s = std::sin(M_PI * a);
+    *c = std::cos(M_PI * a);
+}
+
+inline void sincospif(float a, float* s, float* c) {
+    *s = static_cast<float>(std::sin(M_PI * static_cast<double>(a)));
+    *c = static_cast<float>(std::cos(M_PI * static_cast<double>(a)));
+}
+
+inline float sinpif(float a) { return static_cast<float>(std::sin(M_PI * static_cast<double>(a))); }
+inline float cospif(float a) { return static_cast<float>(std::cos(M_PI * static_cast<double>(a))); }
+
+// -- memory intrinsics: typed accesses, so that the alignment instrumentation sees them ------------
+
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
+template <class T>
+inline T __ldcs(const T* p) { return *p; }
+template <class T>
+inline void __stcg(T* p, T v) { *p = v; }
+template <class T>
+inline void __stcs(T* p, T v) { *p = v; }
+template <class T>
+inline void __stwt(T* p, T v) { *p = v; }
+
+// -- the scheduler ------------------------------------------------------------------------------
+
+#if defined(CAPSULE_EMU_TSAN)
+extern "C" {
+void* __tsan_get_current_fiber(void);
+void* __tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void* fiber);
+void __tsan_switch_to_fiber(void* fiber, unsigned flags);
+void __tsan_set_fiber_name(void* fiber, const char* name);
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#define CAPSULE_EMU_INTERNAL __attribute__((no_sanitize("thread"), noinline))
+#else
+#define CAPSULE_EMU_INTERNAL
+#endif
+
+#if !defined(CAPSULE_EMU_UCONTEXT)
+// capsule_emu_switch(&save, to): saves the callee-saved registers, the SSE and x87 control words
+// and the stack pointer into *save, and resumes the context whose stack pointer is `to` (System V
+// x86-64). No system call, unlike swapcontext, which saves the signal mask on every switch.
+extern "C" void capsule_emu_switch(void** save, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .globl capsule_emu_switch
+    .hidden capsule_emu_switch
+    .type capsule_emu_switch, @function
+capsule_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size capsule_emu_switch, .-capsule_emu_switch
+)");
+#endif
+
+extern "C" char __start_capsule_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_capsule_emu_shared[] __attribute__((weak, visibility("hidden")));
+
+namespace capsule_emu {
+
+using Site = std::source_location;
+
+constexpr uint32_t kSharedFill = 0x7FE5E5E5u;  // a NaN: what shared memory holds when a block starts
+
+#if defined(CAPSULE_EMU_SANITIZE)
+constexpr size_t kStackBytes = 512 * 1024;
+#else
+constexpr size_t kStackBytes = 128 * 1024;
+#endif
+
+struct Barrier {
+    const char* kind = "__syncthreads";
+    unsigned size = 0;
+    unsigned arrived = 0;
+    unsigned long generation = 0;
+    Site site;
+    char sync[2];  // release/acquire objects of alternate generations (racecheck)
+};
+
+struct Fiber {
+#if defined(CAPSULE_EMU_UCONTEXT)
+    ucontext_t context;
+#else
+    void* sp = nullptr;
+#endif
+#if defined(CAPSULE_EMU_TSAN)
+    void* tsan = nullptr;
+#endif
+    dim3 thread;
+    unsigned linear = 0;
+    bool done = false;
+    Barrier* waiting = nullptr;
+};
+
+struct Warp {
+    Barrier barrier;
+    uint64_t exchange[32];
+};
+
+struct State {
+#if defined(CAPSULE_EMU_UCONTEXT)
+    ucontext_t scheduler;
+#else
+    void* scheduler = nullptr;
+#endif
+#if defined(CAPSULE_EMU_TSAN)
+    void* host_fiber = nullptr;
+    char launch_begin = 0, launch_end = 0;
+#endif
+    std::vector<std::vector<char>> stacks;
+    std::vector<Fiber> fibers;
+    Barrier* block_barrier = nullptr;
+    std::vector<Warp>* warps = nullptr;
+    Fiber* current = nullptr;
+    bool progress = false;
+    bool aborted = false;
+    const char* kernel = "";
+    dim3 block_index, block_dim, grid_dim;
+    std::vector<unsigned char> dynamic_shared;
+    unsigned dynamic_bytes = 0;
+    void (*body)(const void*) = nullptr;
+    const void* body_data = nullptr;
+    std::string error;
+};
+
+inline State state;
+
+inline std::string dims(dim3 d) {
+    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+inline std::string where() {
+    std::string s = std::string(state.kernel) + " block " + dims(state.block_index);
+    if (state.current) s += " thread " + dims(state.current->thread);
+    return s;
+}
+
+inline std::string site_text(const Site& site) {
+    const char* file = site.file_name();
+    const char* slash = std::strrchr(file, '/');
+    return std::string(slash ? slash + 1 : file) + ":" + std::to_string(site.line());
+}
+
+// "0-4,7,9-31" for the sorted indices.
+inline std::string ranges(const std::vector<unsigned>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size();) {
+        size_t j = i;
+        while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+        if (!s.empty()) s += ",";
+        s += std::to_string(v[i]);
+        if (j > i) s += "-" + std::to_string(v[j]);
+        i = j + 1;
+    }
+    return s.empty() ? "none" : s;
+}
+
+CAPSULE_EMU_INTERNAL inline void to_scheduler() {
+    Fiber* f = state.current;
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_switch_to_fiber(state.host_fiber, 1);
+#endif
+#if defined(CAPSULE_EMU_UCONTEXT)
+    swapcontext(&f->context, &state.scheduler);
+#else
+    capsule_emu_switch(&f->sp, state.scheduler);
+#endif
+}
+
+CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
+    state.current = &f;
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_switch_to_fiber(f.tsan, 1);
+#endif
+#if defined(CAPSULE_EMU_UCONTEXT)
+    swapcontext(&state.scheduler, &f.context);
+#else
+    capsule_emu_switch(&state.scheduler, f.sp);
+#endif
+}
+
+// Ends the launch with `message` (the first error of a launch is kept); never returns.
+[[noreturn]] CAPSULE_EMU_INTERNAL inline void abort_launch(const std::string& message) {
+    if (state.error.empty()) state.error = message;
+    state.aborted = true;
+    for (;;) to_scheduler();
+}
+
+CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& site) {
+    if (b.arrived == 0) {
+        b.kind = kind;
+        b.site = site;
+    } else if (b.kind != kind || b.site.line() != site.line() || std::strcmp(b.site.file_name(), site.file_name()) != 0) {
+        abort_launch(where() + ": " + kind + " at " + site_text(site) + " while other threads wait at " + b.kind +
+                     " at " + site_text(b.site) + " (a divergent barrier)");
+    }
+    const unsigned long generation = b.generation;
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_release(&b.sync[generation & 1]);
+#endif
+    state.progress = true;
+    if (++b.arrived == b.size) {
+        b.arrived = 0;
+        ++b.generation;
+    } else {
+        state.current->waiting = &b;
+        while (b.generation == generation) to_scheduler();
+        state.current->waiting = nullptr;
+    }
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_acquire(&b.sync[generation & 1]);
+#endif
+}
+
+inline void sync_block(const Site& site) { wait(*state.block_barrier, "__syncthreads", site); }
+
+inline Warp& my_warp() { return (*state.warps)[state.current->linear >> 5]; }
+
+CAPSULE_EMU_INTERNAL inline uint64_t exchange(uint64_t bits, unsigned source_lane, const char* kind, const Site& site) {
+    const unsigned lane = state.current->linear & 31u;
+    Warp& w = my_warp();
+    wait(w.barrier, kind, site);  // every lane has finished reading the previous exchange
+    w.exchange[lane] = bits;
+    wait(w.barrier, kind, site);
+    return source_lane < w.barrier.size ? w.exchange[source_lane] : bits;
+}
+
+template <class T>
+inline T shuffle(T v, unsigned source_lane, const char* kind, const Site& site) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(uint64_t), "a shuffle moves up to 8 bytes");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof v);
+    bits = exchange(bits, source_lane, kind, site);
+    T r;
+    std::memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+inline void check_mask(unsigned mask, const char* kind, const Site& site) {
+    const unsigned size = my_warp().barrier.size;
+    const unsigned full = size == 32 ? 0xffffffffu : (1u << size) - 1u;
+    if (mask != full)
+        abort_launch(where() + ": " + kind + " at " + site_text(site) + " with mask " + std::to_string(mask) +
+                     "; the emulator runs whole warps only (mask of every lane)");
+}
+
+CAPSULE_EMU_INTERNAL inline void fiber_main() {
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_acquire(&state.launch_begin);
+#endif
+    state.body(state.body_data);
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_release(&state.launch_end);
+#endif
+    state.current->done = true;
+    state.progress = true;
+    for (;;) to_scheduler();
+}
+
+#if !defined(CAPSULE_EMU_UCONTEXT)
+// A new fiber's stack as capsule_emu_switch leaves a saved one: control words, six zeroed
+// registers, and fiber_main as the return address (the stack 16-byte aligned as after a call).
+inline void* initial_stack(std::vector<char>& stack) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack.data()) + stack.size()) & ~uintptr_t(15);
+    auto* sp = reinterpret_cast<uint64_t*>(top - 72);
+    sp[0] = 0x1F80u | (uint64_t(0x037Fu) << 32);
+    for (int i = 1; i <= 6; ++i) sp[i] = 0;
+    sp[7] = reinterpret_cast<uint64_t>(&fiber_main);
+    return sp;
+}
+#endif
+
+inline void fill_shared() {
+    if (__start_capsule_emu_shared && __stop_capsule_emu_shared) {
+        for (char* p = __start_capsule_emu_shared; p + 4 <= __stop_capsule_emu_shared; p += 4) std::memcpy(p, &kSharedFill, 4);
+    }
+    for (size_t i = 0; i + 4 <= state.dynamic_shared.size(); i += 4) std::memcpy(&state.dynamic_shared[i], &kSharedFill, 4);
+}
+
+inline std::string deadlock_report() {
+    std::vector<unsigned> exited;
+    for (const Fiber& f : state.fibers)
+        if (f.done) exited.push_back(f.linear);
+    const auto describe = [&](Barrier* b, unsigned first, unsigned count, const char* unit) {
+        std::vector<unsigned> arrived, elsewhere, gone;
+        for (unsigned t = first; t < first + count; ++t) {
+            const Fiber& f = state.fibers[t];
+            (f.waiting == b ? arrived : f.done ? gone : elsewhere).push_back(t - first);
+        }
+        std::string s = std::string(b->kind) + " at " + site_text(b->site) + " reached by " + unit + " " + ranges(arrived) +
+                        " of " + std::to_string(count);
+        if (!gone.empty()) s += "; " + std::string(unit) + " " + ranges(gone) + " exited without reaching it";
+        if (!elsewhere.empty()) s += "; " + std::string(unit) + " " + ranges(elsewhere) + " wait at another barrier";
+        return s;
+    };
+    std::string s = std::string(state.kernel) + " block " + dims(state.block_index) + ": ";
+    if (state.block_barrier->arrived > 0) return s + describe(state.block_barrier, 0, state.fibers.size(), "threads");
+    for (size_t w = 0; w < state.warps->size(); ++w) {
+        Barrier& b = (*state.warps)[w].barrier;
+        if (b.arrived > 0) return s + "warp " + std::to_string(w) + ": " + describe(&b, 32 * w, b.size, "lanes");
+    }
+    return s + "threads deadlocked";
+}
+
+// Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
+inline bool run_block(unsigned n) {
+    state.fibers.assign(n, Fiber{});
+    if (state.stacks.size() < n) state.stacks.resize(n);
+    Barrier block_barrier;
+    block_barrier.size = n;
+    std::vector<Warp> warps((n + 31) / 32);
+    for (unsigned w = 0; w < warps.size(); ++w) warps[w].barrier.size = (w + 1) * 32 <= n ? 32 : n - w * 32;
+    state.block_barrier = &block_barrier;
+    state.warps = &warps;
+    fill_shared();
+    for (unsigned t = 0; t < n; ++t) {
+        Fiber& f = state.fibers[t];
+        f.thread = dim3{t % state.block_dim.x, (t / state.block_dim.x) % state.block_dim.y,
+                        t / (state.block_dim.x * state.block_dim.y)};
+        f.linear = t;
+        std::vector<char>& stack = state.stacks[t];
+        if (stack.size() != kStackBytes) stack.assign(kStackBytes, 0);
+#if defined(CAPSULE_EMU_UCONTEXT)
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = stack.data();
+        f.context.uc_stack.ss_size = kStackBytes;
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, &fiber_main, 0);
+#else
+        f.sp = initial_stack(stack);
+#endif
+#if defined(CAPSULE_EMU_TSAN)
+        f.tsan = __tsan_create_fiber(0);
+#endif
+    }
+    bool ok = true;
+    for (unsigned live = n; live > 0 && ok;) {
+        state.progress = false;
+        live = 0;
+        for (Fiber& f : state.fibers) {
+            if (f.done) continue;
+            to_fiber(f);
+            if (state.aborted) {
+                ok = false;
+                break;
+            }
+            if (!f.done) ++live;
+        }
+        if (ok && live > 0 && !state.progress) {
+            state.current = nullptr;
+            state.error = deadlock_report();
+            ok = false;
+        }
+    }
+    state.current = nullptr;
+#if defined(CAPSULE_EMU_TSAN)
+    for (Fiber& f : state.fibers) __tsan_destroy_fiber(f.tsan);
+#endif
+    return ok;
+}
+
+template <class F>
+void call_body(const void* data) {
+    (*static_cast<const F*>(data))();
+}
+
+// Runs kernel(args...) over grid x block with `shared` bytes of dynamic shared memory; false with
+// state.error set when a barrier diverged, a thread trapped or an access was misaligned.
+template <class... P, class... A>
+bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*kernel)(P...), A... args) {
+    state.kernel = name;
+    state.error.clear();
+    state.aborted = false;
+    state.grid_dim = grid;
+    state.block_dim = block;
+    state.dynamic_bytes = shared;
+    state.dynamic_shared.assign((shared + 15) / 16 * 16 + 16, 0);
+    auto body = [&]() { kernel(static_cast<P>(args)...); };
+    state.body = &call_body<decltype(body)>;
+    state.body_data = &body;
+#if defined(CAPSULE_EMU_TSAN)
+    state.host_fiber = __tsan_get_current_fiber();
+    __tsan_release(&state.launch_begin);
+#endif
+    const unsigned n = block.x * block.y * block.z;
+    bool ok = true;
+    for (unsigned bz = 0; bz < grid.z && ok; ++bz)
+        for (unsigned by = 0; by < grid.y && ok; ++by)
+            for (unsigned bx = 0; bx < grid.x && ok; ++bx) {
+                state.block_index = dim3{bx, by, bz};
+                ok = run_block(n);
+            }
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_acquire(&state.launch_end);
+#endif
+    return ok;
+}
+
+}  // namespace capsule_emu
+
+#define threadIdx (capsule_emu::state.current->thread)
+#define blockIdx (capsule_emu::state.block_index)
+#define blockDim (capsule_emu::state.block_dim)
+#define gridDim (capsule_emu::state.grid_dim)
+#define warpSize 32
+
+// The block's dynamic shared memory and its size (common.cuh takes these from the emulator).
+inline unsigned char* capsule_emu_dynamic_shared() {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(capsule_emu::state.dynamic_shared.data()) + 15) & ~uintptr_t(15));
+}
+inline unsigned capsule_emu_dynamic_shared_bytes() { return capsule_emu::state.dynamic_bytes; }
+
+inline void __syncthreads(capsule_emu::Site site = capsule_emu::Site::current()) { capsule_emu::sync_block(site); }
+
+inline void __syncwarp(unsigned mask = 0xffffffffu, capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::check_mask(mask, "__syncwarp", site);
+    capsule_emu::wait(capsule_emu::my_warp().barrier, "__syncwarp", site);
+}
+
+[[noreturn]] inline void __trap(capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::abort_launch(capsule_emu::where() + ": __trap() at " + capsule_emu::site_text(site));
+}
+
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int offset, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::check_mask(mask, "__shfl_xor_sync", site);
+    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    return capsule_emu::shuffle(v, lane ^ static_cast<unsigned>(offset), "__shfl_xor_sync", site);
+}
+
+template <class T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::check_mask(mask, "__shfl_sync", site);
+    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned base = lane & ~static_cast<unsigned>(width - 1);
+    return capsule_emu::shuffle(v, base + (static_cast<unsigned>(src) & static_cast<unsigned>(width - 1)), "__shfl_sync", site);
+}
+
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                          capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::check_mask(mask, "__shfl_down_sync", site);
+    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned in_group = lane & static_cast<unsigned>(width - 1);
+    return capsule_emu::shuffle(v, in_group + delta < static_cast<unsigned>(width) ? lane + delta : lane, "__shfl_down_sync", site);
+}
+
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
+    capsule_emu::check_mask(mask, "__shfl_up_sync", site);
+    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned in_group = lane & static_cast<unsigned>(width - 1);
+    return capsule_emu::shuffle(v, in_group >= delta ? lane - delta : lane, "__shfl_up_sync", site);
+}
+
+#if !defined(CAPSULE_EMU_SANITIZE)
+// The handler of -fsanitize=alignment (UBSan's ABI): a misaligned typed access ends the launch, as
+// the GPU's "misaligned address" fault does. Sanitizer builds use UBSan's own runtime instead.
+extern "C" {
+struct capsule_emu_ubsan_location {
+    const char* file;
+    uint32_t line, column;
+};
+struct capsule_emu_ubsan_mismatch {
+    capsule_emu_ubsan_location location;
+    const void* type;
+    unsigned char log_alignment;
+    unsigned char kind;
+};
+__attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(capsule_emu_ubsan_mismatch* data, uintptr_t pointer) {
+    const uintptr_t alignment = uintptr_t(1) << data->log_alignment;
+    if (pointer == 0 || (pointer & (alignment - 1)) == 0) return;
+    const char* slash = std::strrchr(data->location.file, '/');
+    capsule_emu::abort_launch(capsule_emu::where() + ": misaligned " + std::to_string(alignment) + "-byte access at address 0x" +
+                              [&] { char b[32]; std::snprintf(b, sizeof b, "%lx", static_cast<unsigned long>(pointer)); return std::string(b); }() +
+                              " at " + (slash ? slash + 1 : data->location.file) + ":" + std::to_string(data->location.line));
+}
+}
+#endif

@@ -1,0 +1,93 @@
+"""The emu backend as a user meets it: `--backend emu` runs the kernels themselves (cuda/*.cu
+unchanged) on the CPU, `auto` picks it where there is no GPU, a missing compiler is a one-line exit
+3, bench refuses it, and builds come from the content-hash cache."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from capsule_core.backends import emu
+from capsule_core.backends.select import resolve
+from capsule_core.errors import EnvironmentMissing
+from capsule_core.execution import GuardedOutput
+from capsule_core.ops import get_spec
+from cli.app import app
+
+runner = CliRunner()
+
+pytestmark = pytest.mark.skipif(emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
+                                reason="no C++ compiler (g++ or clang++) for the emulator")
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, tmp_path):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def test_verify_on_emu_runs_the_kernels_and_names_the_backend(tmp_path):
+    report = tmp_path / "v.json"
+    result = runner.invoke(app, ["verify", "relu", "softmax", "--backend", "emu", "--quick", "--json", str(report)])
+    assert result.exit_code == 0, result.stdout
+    assert result.stderr.startswith("backend emu: CPU emulator of the CUDA kernels")
+    doc = json.loads(report.read_text())
+    assert doc["backend"] == "emu" and doc["exit_code"] == 0
+    statuses = {c["id"]: c["status"] for c in doc["capsules"][1]["checks"]}
+    assert statuses["value"] == statuses["vjp"] == statuses["bounds"] == statuses["reduction.order"] == "PASSED"
+
+
+def test_the_emulator_launches_every_planned_kernel():
+    """softmax's forward is one launch of capsule_softmax_fwd; the backend counts what it launched."""
+    backend, _ = resolve("emu")
+    spec = get_spec("softmax")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = GuardedOutput((3, 4))
+    run = backend.forward(spec, {"x": x}, {}, out)
+    assert run.launches == 1 and out.unwritten() == 0 and out.guard_damage() == 0
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.view, e / e.sum(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_no_compiler_is_one_sentence_and_exit_3(no_compiler):
+    result = runner.invoke(app, ["verify", "relu", "--backend", "emu"])
+    assert result.exit_code == 3
+    assert result.stderr.strip() == ("capsules: error: the emu backend needs a C++ compiler (g++ or clang++ on PATH, "
+                                     "or CXX); install g++")
+
+
+def test_a_cxx_that_is_not_there_is_named(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    with pytest.raises(EnvironmentMissing, match=r"CXX=/nonexistent/g\+\+: no such compiler"):
+        resolve("emu")
+
+
+def test_auto_falls_back_to_numpy_without_gpu_or_compiler(no_compiler):
+    backend, note = resolve("auto")
+    assert backend.name == "numpy"
+    assert note.startswith("backend auto -> numpy: no GPU here") and "no emulator" in note
+
+
+def test_bench_refuses_the_emulator_in_one_sentence():
+    result = runner.invoke(app, ["bench", "relu", "--backend", "emu"])
+    assert result.exit_code == 3
+    assert "its time says nothing about the kernel's" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_builds_are_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path))
+    first = emu.build_family("random")
+    again = emu.build_family("random")
+    assert not first.cached and again.cached and again.path == first.path
+    other = emu.build_family("random", flags=emu.HOST_FLAGS + ("-DCAPSULE_TEST_FLAG=1",))
+    assert not other.cached and other.path != first.path
+    assert [p.name for p in (tmp_path / "emu").iterdir() if p.name.startswith(".build-")] == []
+
+
+def test_every_family_builds_with_the_device_code_path():
+    """__CUDA_ARCH__ is defined: common.cuh's device branches (the _rn intrinsics, __ldg, float4
+    access) are what the emulator compiles."""
+    assert len(emu.emulated_families()) == 11
+    for family in emu.emulated_families():
+        assert emu.build_family(family).path.is_file()
