@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -41,10 +42,19 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def nvcc_rule(found_by: str) -> str:
+    """Which discovery rule of capsule_core.kernels.find_nvcc found nvcc, in words."""
+    if found_by in ("CUDA_HOME", "CUDA_PATH"):
+        return f"{found_by}={os.environ.get(found_by, '')}"
+    if found_by == "PATH":
+        return "PATH (CUDA_HOME, CUDA_PATH not set)"
+    return f"the default {found_by} (CUDA_HOME, CUDA_PATH not set; no nvcc on PATH)"
+
+
 def examine() -> DoctorReport:
     from .backends import cuda
     from .backends.emu import emulated_families, find_host_compiler
-    from .kernels import cache_dir, find_nvcc
+    from .kernels import NVCC_RULES, cache_dir, find_nvcc
 
     facts = [Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),
              Fact("platform", platform.platform(), True)]
@@ -53,11 +63,12 @@ def examine() -> DoctorReport:
         facts.append(Fact(name, version or "not installed", version is not None or name not in ("typer", "numpy", "tabulate")))
     try:
         nvcc = find_nvcc()
-        facts.append(Fact("nvcc", f"{nvcc.version} at {nvcc.path} (found by {nvcc.found_by})", True))
+        facts.append(Fact("nvcc", f"{nvcc.version} at {nvcc.path}", True))
+        facts.append(Fact("nvcc found by", f"{nvcc_rule(nvcc.found_by)}; order: {', '.join(NVCC_RULES)}", True))
         have_nvcc = ""
     except EnvironmentMissing as exc:
         facts.append(Fact("nvcc", str(exc), False))
-        have_nvcc = "nvcc not found"
+        have_nvcc = str(exc)
     try:
         compiler = find_host_compiler()
         facts.append(Fact("host C++ compiler", f"{compiler.version} at {compiler.path} (found by {compiler.rule}); "

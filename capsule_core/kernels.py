@@ -44,21 +44,36 @@ class Nvcc:
     found_by: str
 
 
+NVCC_RULES = ("CUDA_HOME", "CUDA_PATH", "PATH", str(DEFAULT_CUDA))
+"""Where find_nvcc looks, in order: $CUDA_HOME/bin, $CUDA_PATH/bin, the first nvcc on PATH, then
+/usr/local/cuda/bin. An Nvcc's `found_by` names the rule that found it."""
+
+
 def find_nvcc() -> Nvcc:
-    """nvcc through CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda, in that order."""
-    candidates = []
+    """nvcc through CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda, in that order. A CUDA_HOME or
+    CUDA_PATH that is set names the toolkit the user asked for: without nvcc it is an error, never a
+    silent fall back to another toolkit."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
-            candidates.append((Path(os.environ[var]) / "bin" / "nvcc", var))
+            path = Path(os.environ[var]) / "bin" / "nvcc"
+            if not _executable(path):
+                raise EnvironmentMissing(f"{var}={os.environ[var]} holds no nvcc (no executable {path}): point {var} "
+                                         f"at a CUDA toolkit, or unset it to search PATH and {DEFAULT_CUDA}")
+            return Nvcc(path, _nvcc_version(path), var)
+    candidates = []
     on_path = shutil.which("nvcc")
     if on_path:
         candidates.append((Path(on_path), "PATH"))
     candidates.append((DEFAULT_CUDA / "bin" / "nvcc", str(DEFAULT_CUDA)))
     for path, how in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
+        if _executable(path):
             return Nvcc(path, _nvcc_version(path), how)
     raise EnvironmentMissing("nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and "
                              "/usr/local/cuda/bin): install the CUDA toolkit or set CUDA_HOME")
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
 
 
 def _nvcc_version(path: Path) -> str:
