@@ -1,21 +1,23 @@
 """`capsules check`: the static contract checks, no GPU needed.
 
 Per native capsule: its contracts are aligned; every declared symbol is in its source file and
-compiled into a PTX .entry whose parameters match the declared C list; ptxas resources per kernel
-(spills are warnings); launch plans legal for every sample and edge input of the OpSpec, on every
-target architecture. Capsules whose kernels are not written yet are reported PENDING.
+compiled into a PTX .entry whose parameters match the declared C list; every kernel within its
+family's KernelBudget (registers, no spills, no undeclared stack frame, no nvcc warning); launch
+plans legal for every sample and edge input of the OpSpec, on every target architecture. Capsules
+whose kernels are not written yet are reported PENDING.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .kernels import (ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, KernelResources, compile_all,
-                      cuda_source_dir, find_nvcc)
+from .kernels import (ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, KernelBudget, KernelResources,
+                      compile_all, cuda_source_dir, find_nvcc)
 from .launch import flat_buffers, parse_param, plan_functions, plan_problems
 from .model import KernelCapsule, NativeSymbolRef, contracts_aligned
 
@@ -36,10 +38,11 @@ class CheckItem:
 
 @dataclass(frozen=True)
 class KernelRow(KernelResources):
-    """ptxas's report for one entry point on one architecture."""
+    """ptxas's report for one entry point on one architecture, and its register budget."""
 
     symbol: str
     arch: str
+    max_registers: int
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,6 @@ class CapsuleCheck:
     capsule: str
     items: tuple[CheckItem, ...]
     kernels: tuple[KernelRow, ...]
-    warnings: tuple[str, ...] = ()
 
     @property
     def status(self) -> Status:
@@ -110,6 +112,30 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     return problems
 
 
+def family_budget(family: str) -> KernelBudget:
+    """The KernelBudget declared beside the family's launch plans (capsule_core/plans/<family>.py)."""
+    return importlib.import_module(f"{__package__}.plans.{family}").BUDGET
+
+
+def budget_problems(budget: KernelBudget, build: CompiledFile, symbols) -> list[str]:
+    """Every nvcc warning of the build, and each way the kernels `symbols` exceed the budget."""
+    problems = [f"{build.arch}: nvcc warning (budget: 0 warnings): {line.strip()}" for line in build.warnings]
+    resources = build.resources
+    for symbol in symbols:
+        if symbol in resources:
+            problems += [f"{build.arch}: {p}" for p in budget.problems(symbol, resources[symbol])]
+    return problems
+
+
+def _budget_item(budget: KernelBudget, symbols, builds: list[CompiledFile]) -> CheckItem:
+    problems = [p for build in builds for p in budget_problems(budget, build, symbols)]
+    if problems:
+        return CheckItem("kernel.budget", Status.FAILED, tuple(problems))
+    arches = ", ".join(b.arch for b in builds)
+    return CheckItem("kernel.budget", Status.PASSED, (f"{arches}: no nvcc warning; " + "; ".join(
+        f"{s}: {max(b.resources[s].registers for b in builds)} registers (budget: {budget.describe(s)})" for s in symbols),))
+
+
 def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
     import numpy as np
 
@@ -156,7 +182,7 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
     results = []
     for capsule in capsules:
         items = [CheckItem("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED)]
-        kernels, warnings = [], []
+        kernels = []
         refs = capsule.symbols
         files = sorted({source_dir / Path(r.path).name for r in refs})
         if not refs:
@@ -171,23 +197,17 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
             errors = [str(r) for r in per_arch.values() if isinstance(r, CompileError)]
             problems = errors + _symbol_problems(refs, per_arch)
             items.append(CheckItem("ffi.symbols", Status.FAILED if problems else Status.PASSED, tuple(problems)))
-            for arch, result in per_arch.items():
-                if isinstance(result, CompileError):
-                    continue
-                warnings += [f"{arch}: {w}" for w in result.warnings]
-                resources = result.resources
-                for ref in refs:
-                    r = resources.get(ref.symbol)
-                    if r is None:
-                        continue
-                    kernels.append(KernelRow(**vars(r), symbol=ref.symbol, arch=arch))
-                    if r.spill_stores or r.spill_loads:
-                        warnings.append(f"{ref.symbol} ({arch}) spills {r.spill_stores} bytes stored, {r.spill_loads} loaded")
+            if not errors:
+                budget = family_budget(capsule.family)
+                symbols = [r.symbol for r in refs if all(r.symbol in b.resources for b in per_arch.values())]
+                kernels = [KernelRow(**vars(b.resources[s]), symbol=s, arch=arch, max_registers=budget.registers_for(s))
+                           for arch, b in per_arch.items() for s in symbols]
+                items.append(_budget_item(budget, symbols, list(per_arch.values())))
             if problems:
-                results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
+                results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
                 continue
         items.append(_plan_items(capsule, arches, sizes))
-        results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels), tuple(warnings)))
+        results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
     fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
     cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)
     return CheckReport(tuple(arches), f"{nvcc.version} ({nvcc.path})", tuple(results), time.perf_counter() - start,

@@ -46,7 +46,9 @@ def op_details(op: str) -> dict[str, list[str]]:
 
 
 def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
-    """ptxas's registers, spills, stack and shared memory per symbol, or why they are unknown."""
+    """ptxas's registers, spills, stack and shared memory per symbol beside the family's budget
+    (what `capsules check` enforces), or why they are unknown."""
+    from .check import family_budget
     from .errors import EnvironmentMissing
     from .kernels import CompileError, compile_file, source_path
 
@@ -57,15 +59,23 @@ def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
             out.update({r.symbol: f"not compiled: {path} is not written yet" for r in capsule.symbols if r.path == path})
             continue
         try:
-            resources = compile_file(source, arch).resources
+            build = compile_file(source, arch)
         except (EnvironmentMissing, CompileError) as exc:
             reason = str(exc).splitlines()[0]
             out.update({r.symbol: f"not compiled: {reason}" for r in capsule.symbols if r.path == path})
             continue
+        budget = family_budget(capsule.family)
+        warnings = [f"{len(build.warnings)} nvcc warnings in {path}"] if build.warnings else []
         for ref in capsule.symbols:
-            r = resources.get(ref.symbol)
-            if ref.path == path:
-                out[ref.symbol] = (f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
-                                   f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes" if r else
-                                   f"{arch}: no such entry in the compiled PTX")
+            r = build.resources.get(ref.symbol)
+            if ref.path != path:
+                continue
+            if r is None:
+                out[ref.symbol] = f"{arch}: no such entry in the compiled PTX"
+                continue
+            over = budget.problems(ref.symbol, r) + warnings
+            verdict = f"OVER BUDGET: {'; '.join(over)}" if over else "within budget"
+            out[ref.symbol] = (f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
+                               f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes; {verdict} "
+                               f"({budget.describe(ref.symbol)}, no nvcc warning)")
     return out

@@ -11,8 +11,9 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from .errors import CapsuleError, EnvironmentMissing
 
@@ -158,6 +159,51 @@ class KernelResources:
     shared_bytes: int
 
 
+REGISTERS_PER_SM = 65536
+"""The register file of one multiprocessor (sm_80, sm_90)."""
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def register_budget(threads: int, blocks_per_sm: int = 1) -> int:
+    """The most registers per thread with which `blocks_per_sm` blocks of `threads` threads share
+    one multiprocessor: the budget behind __launch_bounds__(threads, blocks_per_sm)."""
+    return min(MAX_REGISTERS_PER_THREAD, REGISTERS_PER_SM // (threads * blocks_per_sm))
+
+
+@dataclass(frozen=True)
+class KernelBudget:
+    """What a family's kernels may use, declared beside its launch plans (plans/<family>.BUDGET):
+    registers per thread (the occupancy the plans are sized for), no spills, no stack frame except
+    where a slow path is declared, no nvcc warning. `capsules check` fails a kernel over it and the
+    family tests read the same budget, so the gate and the tests cannot disagree."""
+
+    max_registers: int
+    """Per thread, for every entry point of the family not in `registers`."""
+    registers: Mapping[str, int] = field(default_factory=dict)
+    """Entry points with a budget of their own (a GEMM's __launch_bounds__ minimum blocks)."""
+    stack_frames: Mapping[str, str] = field(default_factory=dict)
+    """Entry points allowed a stack frame, each with the reason (a libm slow path)."""
+
+    def registers_for(self, symbol: str) -> int:
+        return self.registers.get(symbol, self.max_registers)
+
+    def describe(self, symbol: str) -> str:
+        stack = f"a stack frame for {self.stack_frames[symbol]}" if symbol in self.stack_frames else "no stack frame"
+        return f"at most {self.registers_for(symbol)} registers, no spills, {stack}"
+
+    def problems(self, symbol: str, used: KernelResources) -> list[str]:
+        """Each way ptxas's figures for `symbol` exceed its budget, naming the figure and the budget."""
+        out = []
+        if used.registers > self.registers_for(symbol):
+            out.append(f"{symbol}: {used.registers} registers, over its budget of {self.registers_for(symbol)}")
+        if used.spill_stores or used.spill_loads:
+            out.append(f"{symbol}: spills {used.spill_stores} bytes stored and {used.spill_loads} loaded, "
+                       f"over its budget of 0")
+        if used.stack_bytes and symbol not in self.stack_frames:
+            out.append(f"{symbol}: a {used.stack_bytes}-byte stack frame, over its budget of 0 (no slow path declared)")
+        return out
+
+
 @dataclass(frozen=True)
 class PtxParam:
     ptx_type: str
@@ -183,9 +229,13 @@ class CompiledFile:
 
     @property
     def warnings(self) -> list[str]:
-        return [line for line in self.log.splitlines() if "warning" in line.lower()]
+        """nvcc's and ptxas's warning lines, each once (nvcc's host and device passes both report a
+        source warning), without the remark on how to suppress them."""
+        return list(dict.fromkeys(line for line in self.log.splitlines() if _WARNING.search(line)))
 
 
+_WARNING = re.compile(r"\bwarning\s*(#\S+\s*)?:", re.IGNORECASE)
+"""nvcc's `file(line): warning #177-D: ...`, ptxas's `ptxas warning : ...`, the host compiler's `warning: ...`."""
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.DOTALL)
 _PARAM = re.compile(r"\.param\s+\.(\w+)(?:\s+\.ptr)?(?:\s+\.\w+)*\s+\w+(\[\d+\])?")
 

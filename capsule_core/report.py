@@ -141,15 +141,15 @@ def check_record(report) -> dict:
         "exit_code": report.exit_code,
         "capsules": [{"name": c.capsule, "status": c.status.value,
                       "checks": [{"id": i.check, "status": i.status.value, "messages": list(i.messages)} for i in c.items],
-                      "kernels": [vars(k) for k in c.kernels], "warnings": list(c.warnings)} for c in report.capsules],
+                      "kernels": [vars(k) for k in c.kernels]} for c in report.capsules],
     }
 
 
 def render_check(report) -> str:
     """One row per capsule (status per check, kernels, worst registers and spills), the failures'
-    messages, then one row per kernel and architecture."""
+    messages, then one row per kernel and architecture with its register budget."""
     from tabulate import tabulate
-    check_ids = ("contract.aligned", "ffi.symbols", "launch.plan")
+    check_ids = ("contract.aligned", "ffi.symbols", "kernel.budget", "launch.plan")
     rows = []
     for c in report.capsules:
         statuses = {i.check: i.status.value for i in c.items}
@@ -160,14 +160,13 @@ def render_check(report) -> str:
     out = [tabulate(rows, headers=("capsule", "status", *check_ids, "kernels", "max regs", "spill bytes"), tablefmt="simple")]
     notes = [f"{c.capsule} {i.check} {i.status.value}: {m}" for c in report.capsules for i in c.items
              if i.status.value != "PASSED" for m in i.messages]
-    notes += [f"{c.capsule} warning: {w}" for c in report.capsules for w in c.warnings]
     if notes:
         out += ["", *notes]
-    kernels = [[k.symbol, k.arch, k.registers, k.spill_stores, k.spill_loads, k.stack_bytes, k.shared_bytes]
-               for c in report.capsules for k in c.kernels]
+    kernels = [[k.symbol, k.arch, k.registers, k.max_registers, k.spill_stores, k.spill_loads, k.stack_bytes,
+                k.shared_bytes] for c in report.capsules for k in c.kernels]
     if kernels:
-        out += ["", tabulate(kernels, headers=("kernel", "arch", "registers", "spill st", "spill ld", "stack", "smem"),
-                             tablefmt="simple")]
+        out += ["", tabulate(kernels, headers=("kernel", "arch", "registers", "budget", "spill st", "spill ld", "stack",
+                                               "smem"), tablefmt="simple")]
     counts = {s: sum(1 for c in report.capsules if c.status.value == s) for s in ("PASSED", "FAILED", "PENDING")}
     pending = f", {counts['PENDING']} pending (kernels not written)" if counts["PENDING"] else ""
     out += ["", f"{counts['PASSED']} passed, {counts['FAILED']} failed{pending} "

@@ -173,11 +173,13 @@ def check(
     arch: Annotated[Optional[list[ArchOption]], typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90).")] = None,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="text (tables) or json (for CI).")] = ShowFormat.text,
 ):
-    """Static contract checks, no GPU needed: symbols, PTX signatures, ptxas resources, launch plans.
+    """Static contract checks, no GPU needed: symbols, PTX signatures, kernel budgets, launch plans.
 
     Every declared symbol must be in its source and a PTX .entry with the declared parameters;
-    registers and spills per kernel; launch plans legal for every sample and edge input.
-    Exit 1 on any failure, 3 without nvcc.
+    every kernel within its family's budget (capsule_core/plans/<family>.py: registers per
+    thread, no spills, no stack frame unless a libm slow path is declared, no nvcc warning);
+    launch plans legal for every sample and edge input. Exit 1 on any failure, 3 without nvcc
+    (or with a CUDA_HOME or CUDA_PATH that holds none).
 
     Example: capsules check softmax --arch sm_90
     """

@@ -1,18 +1,18 @@
 """What every kernel family's test checks without a GPU, written once:
 
 - the nvcc build of cuda/<family>.cu for every arch of `capsules check`, through compile_file's
-  content-hash cache (CAPSULES_CACHE; each file compiled at most once a session): no warning in
-  nvcc's log (what -Werror all-warnings would refuse), no spills and no stack frame, every kernel of
-  the file a registered entry point and a PTX .entry with the declared parameter types, and the
-  source spelling out each declared signature;
+  content-hash cache (CAPSULES_CACHE; each file compiled at most once a session): within the
+  family's KernelBudget (capsule_core/plans/<family>.BUDGET, what `capsules check` enforces: no nvcc
+  warning, no spills, registers and stack frames as declared), every kernel of the file a
+  registered entry point and a PTX .entry with the declared parameter types, and the source
+  spelling out each declared signature;
 - the launch plans of every sample and edge input: legal on every arch, each launch fitting the
   compiled kernel's registers and shared memory, the outputs shaped as the op's results, and
   planted faults reported;
 - results of the kernels (on the CPU emulator, tests/kernel_emu.py, or replayed by a host
   harness) against the float64 reference under the op's error model.
 
-A family's test adds what is its own: its register budget, launch shapes and planted faults, its
-host math.
+A family's test adds what is its own: its launch shapes and planted faults, its host math.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ import numpy as np
 
 from capsule_core import registry
 from capsule_core.backends.cpu import REFERENCE
-from capsule_core.check import expected_ptx_type
-from capsule_core.kernels import ARCHES, CompiledFile, CompileError, compile_all, cuda_source_dir
+from capsule_core.check import budget_problems, expected_ptx_type, family_budget
+from capsule_core.kernels import ARCHES, REGISTERS_PER_SM, CompiledFile, CompileError, compile_all, cuda_source_dir
 from capsule_core.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Exact, seeded_rng, shapes_of, validate
 
 SIZES = ("small", "medium", "large")
-REGISTERS_PER_SM = 65536
 SHARED_PER_BLOCK = 48 * 1024
 """Static plus dynamic shared memory a block gets without the opt-in attribute."""
 
@@ -77,23 +76,16 @@ def compiled(family: str) -> dict[str, CompiledFile]:
     return {arch: results[(source, arch)] for arch in ARCHES}
 
 
-def build_problems(family: str, arch: str, max_registers=None, stack_frames: bool = False) -> list[str]:
-    """A warning-free build without spills (or stack frames, unless `stack_frames`) whose kernels are
-    exactly the registry's symbols, each a PTX .entry with the declared parameter types, each
-    within `max_registers` (a number, or a function of the kernel's name: a number or None)."""
+def build_problems(family: str, arch: str) -> list[str]:
+    """A build within the family's KernelBudget whose kernels are exactly the registry's symbols,
+    each a PTX .entry with the declared parameter types."""
     build = compiled(family)[arch]
     refs = family_symbols(family)
-    problems = [f"nvcc ({arch}): {line}" for line in build.warnings]
     resources = build.resources
+    problems = budget_problems(family_budget(family), build, resources)
     if set(resources) != set(refs):
         problems.append(f"{arch}: kernels not registered {sorted(set(resources) - set(refs))}, "
                         f"registered but not compiled {sorted(set(refs) - set(resources))}")
-    for name, r in resources.items():
-        if r.spill_stores or r.spill_loads or (r.stack_bytes and not stack_frames):
-            problems.append(f"{name} ({arch}) spills or uses a stack frame: {r}")
-        limit = max_registers(name) if callable(max_registers) else max_registers
-        if limit is not None and r.registers > limit:
-            problems.append(f"{name} ({arch}): {r.registers} registers, more than {limit}")
     entries = build.entries
     for name, ref in refs.items():
         if name not in entries:

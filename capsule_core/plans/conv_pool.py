@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 GEMM_THREADS = 128
@@ -185,3 +186,13 @@ PLANS = {
     "smooth_max_pool": _pool_plans("smooth_max_pool", ("x", "out"), ("beta",)),
     "avg_pool": _pool_plans("avg_pool", ()),
 }
+
+
+GEMM_MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
+"""The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks) by part."""
+
+BUDGET = KernelBudget(
+    max_registers=register_budget(max(POOL_THREADS, SUM_THREADS)),
+    registers={f"capsule_{op}_{part}": register_budget(GEMM_THREADS, blocks)
+               for op in ("conv", "conv_transpose") for part, blocks in GEMM_MIN_BLOCKS.items()})
+"""The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor; the others fit a block."""

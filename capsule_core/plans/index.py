@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 BLOCK = 256
@@ -127,3 +128,7 @@ PLANS = {
     "gather": (gather_forward, gather_backward),
     "scatter_add": (scatter_add_forward, scatter_add_backward),
 }
+
+
+BUDGET = KernelBudget(max_registers=register_budget(BLOCK))
+"""A block of BLOCK threads fits on a multiprocessor."""

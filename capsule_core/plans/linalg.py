@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import GRID_LIMITS, Buffer, Launch, LaunchPlan, grid_1d
 
 MULTIPROCESSORS = 132
@@ -191,3 +192,14 @@ PLANS = {
     "linear": (linear_forward, linear_backward),
     "mse_loss": (mse_forward, mse_backward),
 }
+
+
+GEMM_SYMBOLS = ("capsule_matmul_fwd", "capsule_matmul_bwd_a", "capsule_matmul_bwd_b", "capsule_linear_fwd",
+                "capsule_linear_bwd_x", "capsule_linear_bwd_w")
+REDUCTION_MAX_THREADS = 1024
+"""__launch_bounds__ of the reduction kernels (linear_bwd_b, mse_loss)."""
+
+BUDGET = KernelBudget(max_registers=register_budget(REDUCTION_MAX_THREADS),
+                      registers={name: register_budget(BIG[2], 2) for name in GEMM_SYMBOLS})
+"""GEMMs: two blocks of BIG's threads per multiprocessor (128 registers); the reductions: a
+1024-thread block (64 registers)."""

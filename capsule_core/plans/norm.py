@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import GRID_LIMITS, Buffer, Launch, LaunchPlan, grid_1d
 
 BLOCK = 256
@@ -154,3 +155,7 @@ PLANS = {
     "layer_norm": (layer_norm_forward, layer_norm_backward),
     "batch_norm": (batch_norm_forward, batch_norm_backward),
 }
+
+
+BUDGET = KernelBudget(max_registers=register_budget(BLOCK))
+"""A block of BLOCK threads fits on a multiprocessor."""

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 BLOCK = 256
@@ -70,3 +71,12 @@ PLANS = {
     "clamp": _unary("clamp", ("lo", "hi")),
     "safe_log": _unary("safe_log", ("eps",)),
 }
+
+
+BUDGET = KernelBudget(
+    max_registers=register_budget(BLOCK, 8),
+    stack_frames={
+        "capsule_sin_bwd": "libm cosf's Payne-Hanek slow path for huge arguments",
+        "capsule_cos_bwd": "libm sinf's Payne-Hanek slow path for huge arguments",
+    })
+"""32 registers: eight blocks of BLOCK threads fill a multiprocessor."""

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 THREADS = 256
@@ -35,3 +36,7 @@ def _bernoulli_mask(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Lau
 
 
 PLANS = {"rand_uniform": (_rand_uniform, None), "bernoulli_mask": (_bernoulli_mask, None)}
+
+
+BUDGET = KernelBudget(max_registers=register_budget(THREADS))
+"""A block of THREADS fits on a multiprocessor."""

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 THREADS = 256
@@ -149,3 +150,7 @@ def _reduced_shape(shape: tuple, axis) -> tuple:
 
 
 PLANS = {op: (_forward(op), _backward(op)) for op in ("reduce_sum", "reduce_mean")}
+
+
+BUDGET = KernelBudget(max_registers=register_budget(THREADS, 4))
+"""__launch_bounds__(CAPSULE_REDUCE_THREADS, 4): four blocks per multiprocessor."""

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 MAX_THREADS = 256
@@ -77,3 +78,7 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
 
 
 PLANS = {"selective_scan": (forward, backward)}
+
+
+BUDGET = KernelBudget(max_registers=register_budget(MAX_THREADS))
+"""A block of MAX_THREADS fits on a multiprocessor."""

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan
 
 THREADS = 256
@@ -95,3 +96,7 @@ PLANS = {
     "softmax": (_forward("softmax", False), _backward("softmax", False)),
     "hard_masked_softmax": (_forward("hard_masked_softmax", True), _backward("hard_masked_softmax", True)),
 }
+
+
+BUDGET = KernelBudget(max_registers=register_budget(THREADS, 4))
+"""Four blocks of THREADS per multiprocessor."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 BLOCK = 256
@@ -86,3 +87,7 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
 
 
 PLANS = {"fft_fno": (forward, backward)}
+
+
+BUDGET = KernelBudget(max_registers=register_budget(BLOCK))
+"""A block of BLOCK threads fits on a multiprocessor."""

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..kernels import KernelBudget, register_budget
 from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 
 BLOCK = 256
@@ -328,3 +329,7 @@ PLANS = {
     "concat": (concat_forward, concat_backward),
     "slice": (slice_forward, slice_backward),
 }
+
+
+BUDGET = KernelBudget(max_registers=register_budget(BROADCAST_BWD_MAX_THREADS))
+"""The largest block the plans launch (broadcast's backward) fits on a multiprocessor."""
