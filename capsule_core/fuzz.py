@@ -951,17 +951,20 @@ def replay_document(failure: Failure) -> tuple[dict, dict]:
 
 
 def write_replay(failure: Failure, directory: Path) -> Path:
-    """Write <op>-<check>-<digest>.json and its .npz into `directory`; returns the JSON's path."""
+    """Write <op>-<check>-<digest>.json and its .npz into `directory`, each atomically; returns the
+    JSON's path."""
+    from .output_files import atomic_path, write_text_atomic
+
     document, stored = replay_document(failure)
     key = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:10]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = f"{failure.op}-{failure.check}-{key}"
     document["arrays_file"] = f"{stem}.npz"
-    with open(directory / f"{stem}.npz", "wb") as f:
-        np.savez(f, **stored)
+    with atomic_path(directory / f"{stem}.npz") as temporary:
+        np.savez(temporary, **stored)
     path = directory / f"{stem}.json"
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(document, indent=2) + "\n")
     return path
 
 

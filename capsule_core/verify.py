@@ -72,8 +72,12 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
+        """The process's exit code, which the JSON report records: 130 after Ctrl-C (as a shell
+        reports SIGINT), 1 on a FAILED or ERROR check, else 0."""
+        if self.interrupted:
+            return 130
         bad = {Status.FAILED, Status.ERROR}
-        return 1 if self.interrupted or any(r.status in bad for c in self.capsules for r in c.results) else 0
+        return 1 if any(r.status in bad for c in self.capsules for r in c.results) else 0
 
 
 @dataclass

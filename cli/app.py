@@ -10,7 +10,7 @@ import typer
 from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
 from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
-from cli.options import ArchOption, BackendOption
+from cli.options import ArchOption, BackendOption, unwritable_outputs
 
 app = typer.Typer(
     name="capsules",
@@ -219,16 +219,21 @@ def _progress():
 
 
 def _write_reports(result, json_file, junit_file):
+    """The --json and --junit reports, both or neither (written atomically); exit 3 if that fails."""
     import json
 
     from capsule_core import report
-    for path, text in ((json_file, lambda: json.dumps(report.verify_record(result), indent=2)),
-                       (junit_file, lambda: report.verify_junit(result))):
-        if path is not None:
-            try:
-                path.write_text(text() + "\n", encoding="utf-8")
-            except OSError as exc:
-                typer.echo(f"capsules: error: cannot write {path}: {exc.strerror}", err=True)
+    from capsule_core.output_files import write_texts_atomic
+
+    texts = {}
+    if json_file is not None:
+        texts[json_file] = json.dumps(report.verify_record(result), indent=2) + "\n"
+    if junit_file is not None:
+        texts[junit_file] = report.verify_junit(result) + "\n"
+    try:
+        write_texts_atomic(texts)
+    except OSError as exc:
+        raise fail(f"cannot write the reports ({exc.filename}: {exc.strerror})", EXIT_ENVIRONMENT)
 
 
 @app.command()
@@ -271,6 +276,9 @@ def verify(
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
+    unwritable = unwritable_outputs({"--json": json_file, "--junit": junit_file})
+    if unwritable:
+        raise fail(unwritable, EXIT_USAGE)
     try:
         chosen, note = resolve(backend.value, device)
     except EnvironmentMissing as exc:
@@ -301,9 +309,9 @@ def verify(
     except KeyboardInterrupt:
         result.interrupted = True
     result.seconds = clock.perf_counter() - start
-    _write_reports(result, json_file, junit_file)
     typer.echo(report.render_verify(result))
-    raise typer.Exit(130 if result.interrupted else result.exit_code)
+    _write_reports(result, json_file, junit_file)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from cli.options import unwritable_outputs
 
 class BenchBackend(str, Enum):
     cuda = "cuda"
@@ -21,14 +22,6 @@ class BaselineOption(str, Enum):
     cupy = "cupy"
     numpy = "numpy"
     none = "none"
-
-
-def _write(path: Path, text: str, what: str) -> str | None:
-    try:
-        path.write_text(text + "\n", encoding="utf-8")
-    except OSError as exc:
-        return f"{what}: cannot write {path}: {exc.strerror}"
-    return None
 
 
 def bench(
@@ -73,7 +66,6 @@ def bench(
     import importlib.util
 
     from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, _progress, fail
-    from capsule_core import __version__
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
 
     if not names and not all_:
@@ -107,6 +99,9 @@ def bench(
             previous = engine.load_previous(compare)
         except engine.CompareError as exc:
             raise fail(str(exc), EXIT_USAGE)
+    unwritable = unwritable_outputs({"--json": json_file, "--csv": csv_file, "--plot": plot})
+    if unwritable:
+        raise fail(unwritable, EXIT_USAGE)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise fail("--plot needs matplotlib: pip install 'capsules[plot]' (or pip install matplotlib)", EXIT_ENVIRONMENT)
     for name in requested:
@@ -142,20 +137,27 @@ def bench(
     if previous is not None:
         result.comparison = engine.compare(previous, result, limit, str(compare))
 
-    problems = []
+    typer.echo(report.render_bench(result, markdown=markdown))
+    _write_outputs(result, json_file, csv_file, plot)
+    raise typer.Exit(result.exit_code)
+
+
+def _write_outputs(result, json_file: Path | None, csv_file: Path | None, plot: Path | None):
+    """--json, --csv and --plot, each written atomically; exit 3 if one cannot be."""
+    from capsule_core import __version__, report
+    from capsule_core.output_files import atomic_path, write_texts_atomic
+    from cli.app import EXIT_ENVIRONMENT, fail
+
+    texts = {}
     if json_file is not None:
         import json
-        problems.append(_write(json_file, json.dumps(report.bench_record(result, __version__), indent=2), "--json"))
+        texts[json_file] = json.dumps(report.bench_record(result, __version__), indent=2) + "\n"
     if csv_file is not None:
-        problems.append(_write(csv_file, report.bench_csv(result), "--csv"))
-    if plot is not None:
-        try:
-            report.write_roofline(result, plot)
-        except OSError as exc:
-            problems.append(f"--plot: cannot write {plot}: {exc.strerror}")
-    typer.echo(report.render_bench(result, markdown=markdown))
-    for problem in filter(None, problems):
-        typer.echo(f"capsules: error: {problem}", err=True)
-    if any(problems):
-        raise typer.Exit(EXIT_ENVIRONMENT)
-    raise typer.Exit(result.exit_code)
+        texts[csv_file] = report.bench_csv(result) + "\n"
+    try:
+        write_texts_atomic(texts)
+        if plot is not None:
+            with atomic_path(plot) as temporary:
+                report.write_roofline(result, temporary)
+    except OSError as exc:
+        raise fail(f"cannot write {exc.filename}: {exc.strerror}", EXIT_ENVIRONMENT)

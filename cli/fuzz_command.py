@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import BackendOption
+from cli.options import BackendOption, unwritable_outputs
 
 DEFAULT_EXAMPLES = 100
 """Examples per capsule when neither --examples nor --time is given."""
@@ -66,6 +66,10 @@ def fuzz(
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names or ()]
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
+    directory = save if save is not None else DEFAULT_SAVE
+    unwritable = None if replay is not None else unwritable_outputs({}, {"--save": directory})
+    if unwritable:
+        raise fail(unwritable, EXIT_USAGE)
 
     from capsule_core import fuzz as engine
     from capsule_core.backends.select import resolve
@@ -117,7 +121,6 @@ def fuzz(
     result.seconds = clock.perf_counter() - start
 
     saved = {}
-    directory = save if save is not None else DEFAULT_SAVE
     for failure in result.failures:
         try:
             saved[failure.capsule] = engine.write_replay(failure, directory)
