@@ -188,7 +188,8 @@ def verify_record(report) -> dict:
         "capsules": [{"name": c.capsule, "status": c.status.value, "seconds": round(c.seconds, 3),
                       "checks": [{"id": r.check, "status": r.status.value, "reason": r.reason,
                                   "worst": None if r.worst is None or not _finite(r.worst) else r.worst,
-                                  "case": r.case, "cases": r.cases, "repro": r.repro} for r in c.results]}
+                                  "case": r.case, "cases": r.cases, "repro": r.repro, "out_of_model": r.out_of_model}
+                                 for r in c.results]}
                      for c in report.capsules],
     }
 
@@ -222,6 +223,11 @@ def render_verify(report) -> str:
             out.append(f"{r.status.value} {capsule} {r.check}: {r.reason}{worst}")
             if r.repro:
                 out.append(f"    rerun: {r.repro}")
+    uncompared = [(c.capsule, r) for c in report.capsules for r in c.results if r.out_of_model]
+    if uncompared:
+        out.append("")
+        out += [f"OUT OF MODEL {capsule} {r.check}: {r.out_of_model} elements never compared "
+                f"(their float32 intermediates overflow)" for capsule, r in uncompared]
     counts = {}
     for c in report.capsules:
         for r in c.results:
@@ -229,7 +235,9 @@ def render_verify(report) -> str:
     totals = ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("PASSED", "FAILED", "MISTRUSTED", "SKIPPED", "ERROR"))
     passed = sum(1 for c in report.capsules if c.status.value in ("PASSED", "SKIPPED"))
     tail = " (interrupted: partial report)" if report.interrupted else ""
-    out += ["", f"{passed}/{len(report.capsules)} capsules passed on {report.backend}; checks: {totals}; "
+    outside = sum(r.out_of_model for _, r in uncompared)
+    model = f"; {outside} elements out of model" if outside else ""
+    out += ["", f"{passed}/{len(report.capsules)} capsules passed on {report.backend}; checks: {totals}{model}; "
                 f"{report.seconds:.1f} s{tail}"]
     return "\n".join(out)
 

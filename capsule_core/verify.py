@@ -21,9 +21,9 @@ from .checks import CHECKS
 from .errors import InputError
 from .execution import GuardedOutput, gradient_outputs
 from .model import KernelCapsule, ReductionPolicy, contracts_aligned
-from .numerics import Comparison, compare
+from .numerics import Comparison, Float32Run, compare, out_of_model
 from .ops import get_spec
-from .ops.base import Accumulation, OpSpec, Sample, seeded_rng, shapes_of, validate
+from .ops.base import Accumulation, Exact, OpSpec, Sample, seeded_rng, shapes_of, validate, working_params
 
 
 class Status(str, Enum):
@@ -46,6 +46,8 @@ class Result:
     case: str | None = None
     cases: int = 0
     repro: str = ""
+    out_of_model: int = 0
+    """Elements never compared: their float32 intermediates overflow (numerics.out_of_model)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class _Case:
     outputs: list = field(default_factory=list)
     intact: list = field(default_factory=list)
     error: str | None = None
+    f32: Float32Run | None = None
+    f32_grads: dict | None = None
 
 
 def _has_special(sample: Sample) -> bool:
@@ -118,6 +122,55 @@ def _same_bits(a, b) -> bool:
         return all(_same_bits(x, y) for x, y in zip(a, b))
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+LEFT_FOLD = Exact("a fixed-left reduction is bitwise the float32 left fold")
+
+
+def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
+    """The op's own code in float32 on the case's inputs, forward and VJP (the gradients keyed
+    like case.r_grads): what numerics.out_of_model judges each element by."""
+    from .backends.cpu import REFERENCE
+    params = working_params(case.params, np.float32)
+
+    def evaluate(function):
+        flags = []
+        try:
+            with np.errstate(over="call", divide="ignore", invalid="ignore", under="ignore",
+                             call=lambda kind, flag: flags.append(kind)):
+                return function(), bool(flags)
+        except Exception:
+            return None, False
+
+    finite_m, finite_m_grads = case.m, case.m_grads
+    if not all(a.dtype.kind != "f" or np.isfinite(a).all() for a in _flat(case.arrays)):
+        def zeroed(a):
+            return np.where(np.isfinite(a), a, np.float32(0)) if a.dtype.kind == "f" else a
+        arrays = {k: (tuple(zeroed(x) for x in v) if isinstance(v, tuple) else zeroed(v)) for k, v in case.arrays.items()}
+        try:
+            finite_m = REFERENCE.magnitude(spec, arrays, **case.sample.params)
+            if spec.has_vjp:
+                finite_m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.g, **case.sample.params)
+        except Exception:
+            finite_m, finite_m_grads = case.m, case.m_grads
+    forward, overflowed = evaluate(lambda: spec.forward(case.arrays, params))
+    run = Float32Run(forward, overflowed, finite_m)
+    if not spec.has_vjp:
+        return run, None
+    grads, overflowed = evaluate(lambda: spec.vjp(case.arrays, params, spec.forward(case.arrays, params), case.g))
+    runs = {}
+    for name in spec.differentiable:
+        values = grads.get(name) if isinstance(grads, dict) else None
+        if isinstance(case.r_grads[name], tuple):
+            values = values if isinstance(values, tuple) else (None,) * len(case.r_grads[name])
+            runs[name] = tuple(Float32Run(v, overflowed, m) for v, m in zip(values, finite_m_grads[name]))
+        else:
+            runs[name] = Float32Run(values, overflowed, finite_m_grads[name])
+    return run, runs
+
+
+def _flat(arrays: dict) -> list:
+    return [a for v in arrays.values() for a in (v if isinstance(v, tuple) else (v,))]
 
 
 class _Run:
@@ -154,6 +207,7 @@ class _Run:
             case.g = seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
             case.r_grads = REFERENCE.vjp(spec, arrays, case.g, **sample.params)
             case.m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.g, **sample.params)
+        case.f32, case.f32_grads = _float32_runs(spec, case)
         return case
 
     def execute(self, case: _Case):
@@ -186,17 +240,21 @@ class _Run:
     # -- checks -----------------------------------------------------------------------------
 
     def compare_cases(self, check: str, cases, pairs) -> Result:
-        """Run `pairs(case) -> [(label, y, r, m, model, n, worst_case)]` over cases; the worst
-        ratio decides; MISTRUSTED when no case could tell the output from all zeros."""
-        worst, worst_case, failure, crash, discriminating, counted = 0.0, None, None, None, 0, 0
+        """Run `pairs(case) -> [(label, y, r, m, model, n, worst_case, float32 run)]` over cases;
+        the worst ratio decides; MISTRUSTED when no case could tell the output from all zeros.
+        Elements out of model (judged by the float32 run, when given) are counted, not compared."""
+        worst, worst_case, failure, crash, discriminating, counted, uncompared, compared = 0.0, None, None, None, 0, 0, 0, 0
         for case in cases:
             if case.error:
                 crash = crash or case
                 continue
-            for label, y, r, m, model, n, wc in pairs(case):
+            for label, y, r, m, model, n, wc, run in pairs(case):
                 counted += 1
-                c: Comparison = compare(y, r, m, model, n, wc)
-                if np.asarray(r).size and not compare(np.zeros_like(y), r, m, model, n, wc).passed:
+                outside = None if run is None else out_of_model(y, r, m, model, n, run)
+                c: Comparison = compare(y, r, m, model, n, wc, outside)
+                uncompared += c.out_of_model
+                compared += np.size(y) - c.out_of_model
+                if np.asarray(r).size and not compare(np.zeros_like(y), r, m, model, n, wc, outside).passed:
                     discriminating += 1
                 if not c.passed and failure is None:
                     failure = (case, label, c)
@@ -209,15 +267,17 @@ class _Run:
         if failure:
             case, label, c = failure
             return Result(check, Status.FAILED, f"{label} {case.sample.summary()}: {c.reason}", c.worst,
-                          case.sample.case, counted, self.repro(check, case.sample.case))
+                          case.sample.case, counted, self.repro(check, case.sample.case), uncompared)
         if discriminating == 0:
-            return Result(check, Status.MISTRUSTED, "every reference was degenerate: an all-zero output passes too",
-                          worst, worst_case, counted, self.repro(check))
-        return Result(check, Status.PASSED, "", worst, worst_case, counted, self.repro(check))
+            why = ("every reference was degenerate: an all-zero output passes too" if compared or not uncompared
+                   else "every element was out of model: none was compared")
+            return Result(check, Status.MISTRUSTED, why, worst, worst_case, counted, self.repro(check), uncompared)
+        return Result(check, Status.PASSED, "", worst, worst_case, counted, self.repro(check), uncompared)
 
     def forward_pairs(self, worst_case_bound: bool = False):
         def pairs(case):
-            return [("y", case.y, case.r, case.m, self.spec.error, case.n, case.sample.worst_case or worst_case_bound)]
+            return [("y", case.y, case.r, case.m, self.spec.error, case.n, case.sample.worst_case or worst_case_bound,
+                     case.f32)]
         return pairs
 
     def vjp_pairs(self, case):
@@ -226,10 +286,18 @@ class _Run:
         for name in self.spec.differentiable:
             model = self.spec.vjp_error_for(name)
             n = model.length(shapes, case.params) if isinstance(model, Accumulation) else 1
-            ys, rs, ms = case.grads[name], case.r_grads[name], case.m_grads[name]
-            triples = zip(ys, rs, ms) if isinstance(rs, tuple) else [(ys, rs, ms)]
-            out += [(f"d{name}", y, r, m, model, n, case.sample.worst_case) for y, r, m in triples]
+            ys, rs, ms, runs = case.grads[name], case.r_grads[name], case.m_grads[name], case.f32_grads[name]
+            quads = zip(ys, rs, ms, runs) if isinstance(rs, tuple) else [(ys, rs, ms, runs)]
+            out += [(f"d{name}", y, r, m, model, n, case.sample.worst_case, run) for y, r, m, run in quads]
         return out
+
+    def left_fold_pairs(self, case):
+        fold = self.spec.left_fold(case.arrays, working_params(case.params, np.float32))
+        r = np.asarray(fold, dtype=np.float64)
+        return [("y against the float32 left fold", case.y, r, np.zeros(r.shape), LEFT_FOLD, 1, True, None)]
+
+    def order_pairs(self, case):
+        return self.forward_pairs(worst_case_bound=True)(case) + (self.vjp_pairs(case) if self.spec.has_vjp else [])
 
     def check_value(self) -> Result:
         return self.compare_cases("value", [c for c in self.cases if not c.special], self.forward_pairs())
@@ -267,17 +335,30 @@ class _Run:
                       self.repro("vjp.reference"))
 
     def check_reduction_order(self) -> Result:
+        """The numerical policy on the op's order inputs (sums whose value depends on the order:
+        large cancelling terms among many small ones, in several orders): fixed-left must be
+        bitwise the float32 left fold, implementation-defined within the order-free worst-case
+        bound, forward and VJP."""
+        check = "reduction.order"
         policy = self.capsule.numerical_policy.reduction
         if policy is ReductionPolicy.NOT_APPLICABLE:
-            return Result("reduction.order", Status.SKIPPED, "no reduction (policy n/a)")
-        if policy is ReductionPolicy.FIXED_LEFT:
-            return Result("reduction.order", Status.SKIPPED, "no fixed-left capsule has a left-fold reference yet")
-        cases = [c for c in self.cases if not c.special]
-        result = self.compare_cases("reduction.order", cases, self.forward_pairs(worst_case_bound=True))
-        if result.status is Status.PASSED:
-            return Result(result.check, result.status, "within the order-free worst-case bound",
-                          result.worst, result.case, result.cases, result.repro)
-        return result
+            return Result(check, Status.SKIPPED, "no reduction (policy n/a)")
+        if self.spec.order_inputs is None:
+            return Result(check, Status.SKIPPED, self.spec.extra.get("no_order_inputs", "the op defines no order inputs"))
+        fixed_left = policy is ReductionPolicy.FIXED_LEFT
+        if fixed_left and self.spec.left_fold is None:
+            return Result(check, Status.SKIPPED, f"declared fixed-left, but {self.spec.name} has no float32 left fold")
+        cases = []
+        for sample in self.spec.order_inputs():
+            if self.case_filter in (None, sample.case):
+                cases.append(self.prepare(sample))
+                self.execute(cases[-1])
+        result = self.compare_cases(check, cases, self.left_fold_pairs if fixed_left else self.order_pairs)
+        if result.status is not Status.PASSED:
+            return result
+        promise = "bitwise the float32 left fold" if fixed_left else "within the order-free worst-case bound"
+        inputs = f"{len(cases)} order input{'s' if len(cases) != 1 else ''}"
+        return replace(result, reason=f"{promise} on {inputs} (sums whose value depends on the summation order)")
 
     def check_determinism(self) -> Result:
         ran = [c for c in self.cases if not c.error and c.y is not None and c.y.size]
@@ -477,8 +558,7 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
         "contract.aligned", "ffi.symbols", "launch.plan"} else []
     dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
     try:
-        if dynamic & {"value", "value.special", "vjp", "reduction.order", "determinism", "bounds", "inputs.intact",
-                      "selection.ties"}:
+        if dynamic & {"value", "value.special", "vjp", "determinism", "bounds", "inputs.intact", "selection.ties"}:
             for sample in run.samples():
                 c = run.prepare(sample)
                 run.execute(c)
@@ -512,8 +592,8 @@ def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None
 
 def capsule_report_from_record(record: dict) -> CapsuleReport:
     """A CapsuleReport back from the `capsules` section of verify's JSON (for --isolate)."""
-    results = tuple(Result(c["id"], Status(c["status"]), c["reason"], c["worst"], c["case"], c["cases"], c["repro"])
-                    for c in record["checks"])
+    results = tuple(Result(c["id"], Status(c["status"]), c["reason"], c["worst"], c["case"], c["cases"], c["repro"],
+                           c["out_of_model"]) for c in record["checks"])
     return CapsuleReport(record["name"], results, record["seconds"])
 
 

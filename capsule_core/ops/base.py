@@ -182,6 +182,10 @@ class OpSpec:
     cost(shapes, params) -> Cost.
     samples(size, rng) -> [Sample] for size in small / medium / large.
     edges() -> [Sample]; errors() -> [ErrorCase].
+    order_inputs() -> [Sample]: reduction.order's inputs, sums whose float32 value depends on the
+    summation order (`order_terms` along the op's accumulation axis); None where none can be
+    built (extra["no_order_inputs"] says why).
+    left_fold(inputs, params) -> y: the float32 left fold a fixed-left capsule must equal bitwise.
     """
 
     name: str
@@ -201,6 +205,8 @@ class OpSpec:
     vjp_magnitude: Callable[[Arrays, Params, Any, Any], dict] | None = None
     vjp_error: ErrorModel | Mapping[str, ErrorModel] | None = None
     check_values: Callable[[Arrays, Params], None] | None = None
+    order_inputs: Callable[[], list[Sample]] | None = None
+    left_fold: Callable[[Arrays, Params], Any] | None = None
     doc: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -400,3 +406,28 @@ SPECIAL_VALUES = np.array(
     dtype=np.float32,
 )
 """NaN, ±inf, ±0, ±1, subnormals, the largest normals: the values edge inputs draw from."""
+
+
+ORDER_LENGTH = 4099
+"""Terms of an order input's sum: past 4096 (several blocks, warps and tiles), not a power of two."""
+
+
+def order_terms(n: int = ORDER_LENGTH, signed: bool = True) -> dict[str, np.ndarray]:
+    """reduction.order's sequences (design §4), float32, by order: large terms among n − 2 ones.
+
+    signed: 2²⁴, 1, …, 1, −2²⁴ (the exact sum n − 2; a float32 left fold loses every 1 and
+    gives 0); for sums of non-negative terms (squares, exponentials): 2²⁴, 1, …, 1 (n − 1 ones,
+    all lost by a left fold). In three orders: "descending" (the sequence as written), its
+    reverse "ascending", and "spread" (the large terms at n/3 and 2n/3 among the ones), so
+    that every summation tree meets the cancellation somewhere else.
+    """
+    big = 2.0**24
+    descending = np.ones(n, np.float32)
+    descending[0] = big
+    if signed:
+        descending[-1] = -big
+    spread = np.ones(n, np.float32)
+    spread[n // 3] = big
+    if signed:
+        spread[2 * n // 3] = -big
+    return {"descending": descending, "ascending": descending[::-1].copy(), "spread": spread}

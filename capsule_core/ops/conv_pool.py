@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import ParamError, ShapeError
 from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample, Tensor,
-                   f32, numel, require_rank, seeded_rng)
+                   f32, numel, order_terms, require_rank, seeded_rng)
 
 STRIDE = Param("stride", "per_axis", default=1, doc="step between windows, >= 1 (int: every axis)")
 PADDING = Param("padding", "per_axis", default=0, doc="zeros added on both sides, >= 0 (int: every axis)")
@@ -320,6 +320,27 @@ CONV_TRANSPOSE_EDGES = (
 )
 
 
+def _order_rows() -> np.ndarray:
+    """The three orders of order_terms as rows (3, n): one batch element per order."""
+    return np.stack(list(order_terms().values()))
+
+
+def _conv_order_inputs(transposed: bool):
+    """Weights of ones (exact products), the orders along the input channels (a 1×1 kernel);
+    for conv also along one window (Ci = 1, kernel = input length: a single output)."""
+    def order_inputs() -> list[Sample]:
+        rows = _order_rows()
+        n = rows.shape[1]
+        channels = {"x": rows[:, :, None], "w": np.ones((n, 1, 1) if transposed else (1, n, 1), np.float32),
+                    "b": np.zeros(1, np.float32)}
+        out = [Sample(channels, {}, "order-channels", True)]
+        if not transposed:
+            window = {"x": rows[:, None, :], "w": np.ones((1, 1, n), np.float32), "b": np.zeros(1, np.float32)}
+            out.append(Sample(window, {}, "order-window", True))
+        return out
+    return order_inputs
+
+
 def _conv_errors(op: str, transposed: bool):
     def w_shape(ci, co, *k):
         return (ci, co, *k) if transposed else (co, ci, *k)
@@ -366,7 +387,7 @@ def _conv_spec(name: str, transposed: bool, *, forward, vjp, magnitude, vjp_magn
         forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
         error=error, vjp_error=vjp_error, cost=_conv_cost(shape_rule, transposed),
         samples=_conv_samples(sizes, transposed), edges=_conv_edges(name, transposed, edges),
-        errors=_conv_errors(name, transposed), doc=doc,
+        errors=_conv_errors(name, transposed), order_inputs=_conv_order_inputs(transposed), doc=doc,
     )
 
 
@@ -651,6 +672,17 @@ def _smooth_max_pool_edges() -> list[Sample]:
     ])
 
 
+def _pool_order_inputs(signed: bool, extra: dict):
+    """One window over a whole row (3, 1, n) per order: the orders of order_terms, or for
+    smooth_max_pool ln(terms) of the non-negative ones, whose exp(beta·(v − pivot)) with
+    beta = 1 are 1 among many 2⁻²⁴."""
+    def order_inputs() -> list[Sample]:
+        rows = np.stack(list(order_terms(signed=signed).values()))
+        x = (rows if signed else f32(np.log(rows)))[:, None, :]
+        return [Sample({"x": x}, {"kernel": x.shape[-1], **extra}, "order-window", True)]
+    return order_inputs
+
+
 def _pool_errors(op: str, extra: dict):
     x4 = {"x": np.zeros((1, 2, 5, 5), np.float32)}
     cases = [
@@ -683,13 +715,13 @@ def _pool_errors(op: str, extra: dict):
 
 def _pool_spec(name: str, *, params, forward, vjp, magnitude, vjp_magnitude, error, vjp_error,
                flops_per_cell: int, flops_per_output: int, samples, edges, errors, doc: str,
-               extra=None) -> OpSpec:
+               order_inputs=None, extra=None) -> OpSpec:
     return OpSpec(
         name=name, family="conv_pool", inputs=(Tensor("x", "(N, C, *spatial), spatial rank 1 to 3"),),
         params=params, shape_rule="(N, C, *[(in + 2p - k)//s + 1, or 0])", shape=_pool_shape_rule(name),
         forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
         error=error, vjp_error=vjp_error, cost=_pool_cost(name, flops_per_cell, flops_per_output),
-        samples=samples, edges=edges, errors=errors, doc=doc, extra=extra or {},
+        samples=samples, edges=edges, errors=errors, order_inputs=order_inputs, doc=doc, extra=extra or {},
     )
 
 
@@ -705,7 +737,9 @@ MAX_POOL = _pool_spec(
     flops_per_cell=1, flops_per_output=0, samples=_pool_samples(), edges=_max_pool_edges,
     errors=_pool_errors("max_pool", {}),
     extra={"selection": MAX_SELECTION, "windows": max_pool_windows,
-           "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities")},
+           "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities"),
+           "no_order_inputs": "a selection sums nothing: the window traversal decides only the tie winner "
+                              "(selection.ties), and the gradient's few overlapping-window sums add drawn cotangents"},
     doc="max_pool(x, kernel, stride=kernel, padding=0): max over each window's real cells (padding "
         "never wins, NaN never wins, an all-NaN window gives NaN); the gradient goes to the first "
         "maximum in window order.",
@@ -721,6 +755,7 @@ SMOOTH_MAX_POOL = _pool_spec(
     # Per cell: pivot comparison, subtraction, product, exp, addition; per window: log, division, addition.
     flops_per_cell=5, flops_per_output=3,
     samples=_pool_samples(betas=(2.0, -3.0, 4.0)), edges=_smooth_max_pool_edges,
+    order_inputs=_pool_order_inputs(False, {"beta": 1.0}),
     errors=_pool_errors("smooth_max_pool", {"beta": 2.0}),
     doc="smooth_max_pool(x, kernel, beta, stride=kernel, padding=0): per window over all cells "
         "(padding counted as 0), pivot + ln(sum exp(beta*(v - pivot)))/beta, pivot = max (beta > 0) "
@@ -734,6 +769,7 @@ AVG_POOL = _pool_spec(
     error=Accumulation(2, "a K-term sum (n = kernel volume), then the division (or * 1/K: two roundings)", _volume),
     vjp_error=Accumulation(2, "g/K, summed over at most prod(ceil(k/s)) windows per cell", _overlap),
     flops_per_cell=1, flops_per_output=0, samples=_pool_samples(), edges=_avg_pool_edges,
+    order_inputs=_pool_order_inputs(True, {}),
     errors=_pool_errors("avg_pool", {}),
     doc="avg_pool(x, kernel, stride=kernel, padding=0): sum of the window's real cells / kernel "
         "volume (count-include-pad).",

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import IndexRangeError, ParamError, ShapeError
 from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, normalize_axis, numel, require_rank, seeded_rng)
+                   Tensor, f32, normalize_axis, numel, order_terms, require_rank, seeded_rng)
 
 COPY = Exact("a copy: values move, nothing is computed")
 INDEX = Tensor("index", "(K,)", dtype="int64", differentiable=False)
@@ -210,6 +210,14 @@ def _scatter_edges() -> list[Sample]:
     ])
 
 
+def _scatter_order_inputs() -> list[Sample]:
+    """Every src entry of a row scattered to the same element (base 0): each output is the sum
+    of one order of order_terms, in whatever order the kernel's adds land."""
+    src = np.stack(list(order_terms().values()))
+    inputs = {"base": np.zeros((3, 1), np.float32), "index": np.zeros(src.shape[1], np.int64), "src": src}
+    return [Sample(inputs, {"axis": 1}, "order-one-element", True)]
+
+
 def _scatter_errors() -> list[ErrorCase]:
     base, src = np.zeros((4, 5), np.float32), np.zeros((4, 2), np.float32)
     return [
@@ -247,6 +255,7 @@ SCATTER_ADD = OpSpec(
     cost=lambda shapes, p: Cost(bytes_read=4 * (numel(shapes["base"]) + numel(shapes["src"])) + 8 * shapes["index"][0],
                                 bytes_written=4 * numel(shapes["base"]), flops=numel(shapes["src"])),
     samples=_index_samples(SHAPES, _scatter_build), edges=_scatter_edges, errors=_scatter_errors,
+    order_inputs=_scatter_order_inputs,
     doc="scatter_add(base, index, src, axis): y = base; y[..., index[j], ...] += src[..., j, ...].",
 )
 

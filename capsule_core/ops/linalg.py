@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, require_rank,
-                   require_same_shape, seeded_rng)
+from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms,
+                   require_rank, require_same_shape, seeded_rng)
 
 NAN, INF = np.nan, np.inf
 
@@ -39,6 +39,27 @@ def _sampler(sizes: dict):
 def _errors(cases):
     return lambda: [ErrorCase(Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
                     for i, (shapes, e, m) in enumerate(cases)]
+
+
+def _order_rows() -> np.ndarray:
+    """The three orders of order_terms as rows (3, n)."""
+    return np.stack(list(order_terms().values()))
+
+
+def _exact_factors(n: int) -> np.ndarray:
+    """(n, 2): columns of ones and halves, so every product is exact and only the sum rounds."""
+    return np.repeat(f32([[1.0, 0.5]]), n, axis=0)
+
+
+def _matmul_order_inputs() -> list[Sample]:
+    a = _order_rows()
+    return [Sample({"a": a, "b": _exact_factors(a.shape[1])}, {}, "order-k", True)]
+
+
+def _linear_order_inputs() -> list[Sample]:
+    x = _order_rows()
+    w = np.ascontiguousarray(_exact_factors(x.shape[1]).T)
+    return [Sample({"x": x, "w": w, "b": f32([0.0, 1.0])}, {}, "order-in", True)]
 
 
 def _with_special(shapes: dict, rng, name: str, positions) -> dict:
@@ -117,6 +138,7 @@ MATMUL = OpSpec(
     vjp_error={"a": Accumulation(1, "g·bᵀ: n-term dot products (n = b's last axis)", lambda s, p: s["b"][-1]),
                "b": Accumulation(1, "aᵀ·g: m-term dot products (m = a's rows, per batch)", lambda s, p: s["a"][-2])},
     cost=_matmul_cost, samples=_sampler(MATMUL_SIZES), edges=_matmul_edges,
+    order_inputs=_matmul_order_inputs,
     errors=_errors([
         ({"a": (3,), "b": (3, 2)}, ShapeError, r"a: must have rank >= 2"),
         ({"a": (2, 3), "b": (3,)}, ShapeError, r"b: must have rank >= 2"),
@@ -209,6 +231,7 @@ LINEAR = OpSpec(
                "w": Accumulation(1, "gᵀ·x: L-term sums over the leading axes", _leading),
                "b": Accumulation(1, "Σ g: L-term sums over the leading axes", _leading)},
     cost=_linear_cost, samples=_sampler(LINEAR_SIZES), edges=_linear_edges,
+    order_inputs=_linear_order_inputs,
     errors=_errors([
         ({"x": (), "w": (3, 1), "b": (3,)}, ShapeError, r"x: must have rank >= 1"),
         ({"x": (2, 3), "w": (3,), "b": (3,)}, ShapeError, r"w: must have rank 2"),
@@ -291,6 +314,9 @@ MSE_LOSS = OpSpec(
                           "gamma_n, the division, one spare", _mse_length),
     vjp_error=Accumulation(5, "d, 2/n, g·(2/n), the product: four roundings, one spare"),
     cost=_mse_cost, samples=_sampler(MSE_SIZES), edges=_mse_edges,
+    # squares are non-negative: pred = √terms (2¹², 1, …), target 0, one sample per order
+    order_inputs=lambda: [Sample({"pred": np.sqrt(t), "target": np.zeros_like(t)}, {}, f"order-{name}", True)
+                          for name, t in order_terms(signed=False).items()],
     errors=_errors([
         ({"pred": (0,), "target": (0,)}, ShapeError, r"pred: must have at least 1 element"),
         ({"pred": (2, 0, 3), "target": (2, 0, 3)}, ShapeError, r"pred: must have at least 1 element"),

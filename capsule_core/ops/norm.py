@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ParamError, ShapeError
 from .base import (TINY, Accumulation, Cost, ErrorCase, OpSpec, Param, Sample, Tensor, f32, numel,
-                   require_rank, seeded_rng)
+                   order_terms, require_rank, seeded_rng)
 
 EPS = Param("eps", "float", default=1e-6, doc="added to the variance; > 0 as float32")
 
@@ -245,6 +245,18 @@ def _batch_norm_edges() -> list[Sample]:
     ])
 
 
+def _order_inputs(layout: _Layout):
+    """The three orders of order_terms along the statistic axis (layer_norm: rows (3, n);
+    batch_norm: the batch axis of (n, 3), one channel per order); gamma 1, beta 0."""
+    def order_inputs() -> list[Sample]:
+        rows = np.stack(list(order_terms().values()))
+        x = rows if layout is LAYER else np.ascontiguousarray(rows.T)
+        channels = x.shape[layout.param_axis(x.ndim)]
+        inputs = {"x": x, "gamma": np.ones(channels, np.float32), "beta": np.zeros(channels, np.float32)}
+        return [Sample(inputs, {}, "order-statistics", True)]
+    return order_inputs
+
+
 def _error_cases(op: str, cases) -> list[ErrorCase]:
     out = []
     for i, (x_shape, c_shape, params, error, match) in enumerate(cases):
@@ -305,7 +317,8 @@ def _norm_spec(name: str, layout: _Layout, *, x_rank: str, channels: str, shape,
                                   lambda shapes, params: stat(shapes, params) + affine(shapes, params)),
             "beta": Accumulation(1, f"a {rows}-term sum of g", affine),
         },
-        cost=_cost(layout), samples=_samples(layout, sizes), edges=edges, errors=errors, doc=doc,
+        cost=_cost(layout), samples=_samples(layout, sizes), edges=edges, errors=errors,
+        order_inputs=_order_inputs(layout), doc=doc,
     )
 
 

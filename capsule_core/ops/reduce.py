@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import ParamError, ShapeError
 from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, normalize_axis, numel, seeded_rng)
+                   Tensor, f32, normalize_axis, numel, order_terms, seeded_rng)
 
 SIZES = {
     "small": (((7,), None), ((3, 5), 1), ((2, 3, 4), -3)),
@@ -117,6 +117,25 @@ def _errors() -> list[ErrorCase]:
     return [ErrorCase(Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
 
 
+def _order_inputs() -> list[Sample]:
+    """The three orders as rows, summed along the contiguous axis, along the strided one, and
+    all together (the rows one after another)."""
+    rows = np.stack(list(order_terms().values()))
+    return [Sample({"x": rows}, {"axis": -1}, "order-rows", True),
+            Sample({"x": np.ascontiguousarray(rows.T)}, {"axis": 0}, "order-columns", True),
+            Sample({"x": rows}, {"axis": None}, "order-all", True)]
+
+
+def _left_fold_sum(a, p):
+    """((x0 + x1) + x2) + … in the working dtype along the axis (ufunc accumulate is sequential)."""
+    x = a["x"]
+    axis = _axis(x.shape, p)
+    terms = x.reshape(-1) if axis is None else np.moveaxis(x, axis, -1)
+    if terms.shape[-1] == 0:
+        return np.zeros(terms.shape[:-1], x.dtype)
+    return np.asarray(np.add.accumulate(terms, axis=-1)[..., -1])
+
+
 def _cost(extra_flops_per_output: int):
     def cost(shapes, params):
         size = numel(shapes["x"])
@@ -126,7 +145,7 @@ def _cost(extra_flops_per_output: int):
     return cost
 
 
-def reduction(name: str, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error,
+def reduction(name: str, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error, left_fold,
               extra_flops_per_output: int, doc: str) -> OpSpec:
     """The family factory: one input x, the axis parameter, the shape rule above."""
     return OpSpec(
@@ -134,7 +153,8 @@ def reduction(name: str, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_e
         shape_rule="x.shape without axis; () for axis=None", shape=_shape(name),
         forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
         error=error, vjp_error=vjp_error, cost=_cost(extra_flops_per_output),
-        samples=_samples, edges=_edges(name), errors=_errors, doc=doc,
+        samples=_samples, edges=_edges(name), errors=_errors, order_inputs=_order_inputs, left_fold=left_fold,
+        doc=doc,
     )
 
 
@@ -155,7 +175,7 @@ REDUCE_SUM = reduction(
     magnitude=lambda a, p, y: _abs_sum(a, p),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64)},
     error=Accumulation(1, "n-term sum: n-1 additions inside gamma_n, one spare", _length),
-    vjp_error=Exact("a copy of g"), extra_flops_per_output=0,
+    vjp_error=Exact("a copy of g"), left_fold=_left_fold_sum, extra_flops_per_output=0,
     doc="reduce_sum(x, axis=None): sum over axis (removed) or of everything (shape ()); empty -> 0.",
 )
 
@@ -169,7 +189,8 @@ REDUCE_MEAN = reduction(
     vjp_magnitude=lambda a, p, y, g: {
         "x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64) / max(1, _count(a["x"].shape, p))},
     error=Accumulation(3, "n-term sum inside gamma_n; rounding 1/n, the product, one spare", _length),
-    vjp_error=Accumulation(2, "g/n or g*(1/n): at most two roundings"), extra_flops_per_output=1,
+    vjp_error=Accumulation(2, "g/n or g*(1/n): at most two roundings"),
+    left_fold=lambda a, p: _left_fold_sum(a, p) * _inverse_count(a["x"].shape, p), extra_flops_per_output=1,
     doc="reduce_mean(x, axis=None): sum * (1/n) over axis or everything; empty -> NaN.",
 )
 

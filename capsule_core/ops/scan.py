@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, require_rank, seeded_rng
+from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms, require_rank,
+                   seeded_rng)
 
 
 def _at(coefficient, t: int):
@@ -156,6 +157,14 @@ def _edges():
             for b, t, d, fa, fb, case, decay in EDGES]
 
 
+def _order_inputs() -> list[Sample]:
+    """Unit decay and gate from h0 = 0: h is the running sum of x along time, every output a
+    prefix sum of the orders of order_terms (one batch element each)."""
+    x = np.stack(list(order_terms().values()))[:, :, None]
+    inputs = {"x": x, "a": np.ones(1, np.float32), "b": np.ones(1, np.float32), "h0": np.zeros((3, 1), np.float32)}
+    return [Sample(inputs, {}, "order-time", True)]
+
+
 def _error(case, argument, pattern, x=(2, 5, 3), a=(3,), b=(3,), h0=(2, 3)) -> ErrorCase:
     inputs = {"x": np.zeros(x, np.float32), "a": np.zeros(a, np.float32), "b": np.zeros(b, np.float32),
               "h0": np.zeros(h0, np.float32)}
@@ -201,7 +210,7 @@ SELECTIVE_SCAN = OpSpec(
         "b": Accumulation(4, "reverse total (2T) times X: n = 2T, + B·T summed when shared",
                           n=_coefficient_length("b", 2)),
     },
-    cost=_cost, samples=_samples, edges=_edges, errors=_errors,
+    cost=_cost, samples=_samples, edges=_edges, errors=_errors, order_inputs=_order_inputs,
     doc="selective_scan(x, a, b, h0): h[t] = A[t]·h[t−1] + Bc[t]·X[t], h[−1] = h0, y = h; a and b are "
         "each shared (D,) or token-dependent (B, T, D).",
 )

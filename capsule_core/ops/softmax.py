@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, require_rank,
-                   require_same_shape, seeded_rng)
+from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms,
+                   require_rank, require_same_shape, seeded_rng)
 
 SIZES = {"small": ((7,), (3, 5), (2, 3, 4)), "medium": ((128, 129), (16, 1000)),
          "large": ((1024, 1000), (256, 4097))}
@@ -159,6 +159,16 @@ def _cost(flops_per_element: int, inputs: int, flops_per_row: int = 0):
     return cost
 
 
+def _order_inputs(masked: bool):
+    """Rows of logits ln(terms) for the non-negative order_terms: the row sum of exp(x − max)
+    is 1 among many 2⁻²⁴ (a left fold from the top loses them all), one row per order."""
+    def order_inputs() -> list[Sample]:
+        x = f32(np.log(np.stack(list(order_terms(signed=False).values()))))
+        arrays = {"x": x, "mask": np.ones_like(x)} if masked else {"x": x}
+        return [Sample(arrays, {}, "order-rows", True)]
+    return order_inputs
+
+
 def row_op(name: str, *, inputs: tuple[Tensor, ...], forward, vjp, magnitude, vjp_magnitude,
            error, vjp_error, cost, samples, edges, errors, doc: str) -> OpSpec:
     """The family factory: x (…, D) with D ≥ 1, and an optional mask of x's shape."""
@@ -171,7 +181,8 @@ def row_op(name: str, *, inputs: tuple[Tensor, ...], forward, vjp, magnitude, vj
     return OpSpec(
         name=name, family="softmax", inputs=inputs, params=(), shape_rule="shape of x", shape=shape,
         forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=cost, samples=samples, edges=edges, errors=errors, doc=doc,
+        error=error, vjp_error=vjp_error, cost=cost, samples=samples, edges=edges, errors=errors,
+        order_inputs=_order_inputs(any(t.name == "mask" for t in inputs)), doc=doc,
     )
 
 

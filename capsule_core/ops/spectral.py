@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, require_rank, seeded_rng
+from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms, require_rank,
+                   seeded_rng)
 
 
 def _twiddles(grid: int, modes: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -191,6 +192,14 @@ def _edges():
     return cases
 
 
+def _order_inputs() -> list[Sample]:
+    """The orders of order_terms along the grid (one batch element each), the DC mode alone with
+    unit weights: the DC bin is the plain sum of the grid."""
+    x = np.stack(list(order_terms().values()))[:, :, None]
+    inputs = {"x": x, "w_re": np.ones((1, 1, 1), np.float32), "w_im": np.zeros((1, 1, 1), np.float32)}
+    return [Sample(inputs, {}, "order-grid", True)]
+
+
 def _error(case, x_shape, w_re_shape, w_im_shape, argument, pattern) -> ErrorCase:
     inputs = {"x": np.zeros(x_shape, np.float32), "w_re": np.zeros(w_re_shape, np.float32),
               "w_im": np.zeros(w_im_shape, np.float32)}
@@ -240,7 +249,7 @@ FFT_FNO = OpSpec(
                                  "(b, t): n = 2·B·G + G", n=_weight_grad_length),
         "w_im": Accumulation(16, "as w_re: n = 2·B·G + G", n=_weight_grad_length),
     },
-    cost=_cost, samples=_samples, edges=_edges, errors=_errors,
+    cost=_cost, samples=_samples, edges=_edges, errors=_errors, order_inputs=_order_inputs,
     doc="fft_fno(x, w_re, w_im) = irfft(rfft(x)[:M]·(w_re + i·w_im), n = G) along the grid axis; "
         "modes k >= M are zero, imaginary parts at DC and (even G) Nyquist ignored.",
 )
