@@ -184,6 +184,9 @@ class NativeSymbolRef:
 
 @dataclass(frozen=True)
 class ContractDescriptor:
+    """One aspect's contract: the claim, in words, the evidence behind it and the native symbols
+    that implement it."""
+
     claim: ContractClaim
     summary: str
     evidence: ContractEvidence
@@ -198,6 +201,8 @@ class ReductionPolicy(str, Enum):
 
 @dataclass(frozen=True)
 class NumericalPolicy:
+    """How the kernel orders its reductions, with a note on what that means for this op."""
+
     reduction: ReductionPolicy
     note: str = ""
 
@@ -274,6 +279,8 @@ class PreferenceKind(str, Enum):
 
 @dataclass(frozen=True)
 class ProviderPreference:
+    """TorchLean's provider preference: auto, prefer:PROVIDER (its capsules first) or only:PROVIDER."""
+
     kind: PreferenceKind = PreferenceKind.AUTO
     provider: Provider | None = None
 
@@ -301,6 +308,9 @@ class ProviderPreference:
 
 @dataclass(frozen=True)
 class KernelPolicy:
+    """What the planner may choose: the device, the provider preference, the assurance asked for
+    and whether a VJP is required."""
+
     device: Device
     provider: ProviderPreference = ProviderPreference()
     assurance: AssurancePolicy = AssurancePolicy.CHECKED

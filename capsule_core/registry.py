@@ -75,6 +75,9 @@ def filter_capsules(module: str | None = None, family: str | None = None, vjp: V
 
 @dataclass(frozen=True)
 class Selection:
+    """The planner's answer for one op under one policy: the capsule chosen (or none) and why
+    each other capsule of the op was refused."""
+
     op: BackendOp
     policy: KernelPolicy
     chosen: KernelCapsule | None

@@ -3,10 +3,6 @@ results or prints; the CLI writes what these return."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-
 from .model import BackendOp, ContractDescriptor, KernelCapsule, NativeSymbolRef
 
 EXPORT_SCHEMA = "capsules.registry"
@@ -72,8 +68,11 @@ def render_rows(rows: list[dict], fmt: str, json_value=None) -> str:
     if fmt == "table":
         return simple_table(rows)
     if fmt == "json":
+        import json
         return json.dumps(rows if json_value is None else json_value, indent=2, ensure_ascii=False)
     if fmt == "csv":
+        import csv
+        import io
         buf = io.StringIO()
         if rows:
             writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
@@ -507,6 +506,9 @@ def render_bench(report, markdown: bool = False) -> str:
 
 def bench_csv(report) -> str:
     """One CSV row per case (times in seconds, no units in the cells)."""
+    import csv
+    import io
+
     columns = [n for n in BENCH_BASELINES if n in report.settings.baselines]
     fields = ["op", "capsule", "case", "shape", "status", "reason", "median_s", "q1_s", "q3_s", "rel_iqr", "samples",
               "stop", "bytes", "flops", "intensity", "gbps", "gflops", "bound", "peak_pct"]

@@ -14,8 +14,8 @@ from cli.options import ArchOption, BackendOption, unwritable_outputs
 
 app = typer.Typer(
     name="capsules",
-    help="Make native CUDA kernels accountable: list, show, select and check the capsules of the "
-         "native CUDA backend.",
+    help="Make native CUDA kernels accountable: list, show, export and select the capsules of the native "
+         "CUDA backend; check, plan, verify, fuzz and bench their kernels; doctor says what this machine can run.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
@@ -75,7 +75,7 @@ def list_command(
         capsules = registry.filter_capsules(module, family, vjp, reduction)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
-    json_value = [report.capsule_record(c) for c in capsules]
+    json_value = [report.capsule_record(c) for c in capsules] if fmt is Format.json else None
     typer.echo(report.render_rows(report.list_rows(capsules), fmt.value, json_value))
 
 

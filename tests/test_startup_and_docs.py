@@ -1,5 +1,6 @@
 """Start-up stays light, the man page matches the CLI, the README's commands are the CI's."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,17 @@ def test_help_and_list_import_nothing_heavy(args):
     assert "capsule_core.registry" in modules or args == ("--help",)
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY or any(m.startswith(h) for h in HEAVY))
     assert heavy == []
+
+
+def test_help_first_line_names_every_command():
+    """The app's one-line description names every command group, so `capsules --help` opens with
+    what the tool does, all of it."""
+    import typer
+
+    from cli.app import app
+    first_line = app.info.help.split("\n")[0]
+    commands = typer.main.get_command(app).commands
+    assert [name for name in commands if not re.search(rf"\b{name}\b", first_line)] == []
 
 
 def test_simple_table_is_tabulates_simple_format():
