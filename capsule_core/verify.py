@@ -521,11 +521,14 @@ class _Run:
                       repro=self.repro("selection.ties", case.sample.case))
 
 
-def static_results(capsule: KernelCapsule, quick: bool) -> list[Result]:
-    """contract.aligned, and ffi.symbols / launch.plan through `capsules check` when nvcc is here."""
+def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[Result]:
+    """contract.aligned, and ffi.symbols / launch.plan through `capsules check` when nvcc is here
+    (unless `compiled` is False: contract.aligned alone, nothing compiled)."""
     from .errors import EnvironmentMissing
     out = [Result("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED,
                   "" if contracts_aligned(capsule) else "a descriptor states another aspect's obligation")]
+    if not compiled:
+        return out
     if capsule.module != "native_cuda":
         reason = f"{capsule.name} launches no native kernel"
         return out + [Result("ffi.symbols", Status.SKIPPED, reason), Result("launch.plan", Status.SKIPPED, reason)]
@@ -554,8 +557,9 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
     wanted = set(checks or CHECKS)
     spec = get_spec(capsule.op.value)
     run = _Run(capsule, spec, backend, quick, seed, case)
-    results = [r for r in static_results(capsule, quick) if r.check in wanted] if wanted & {
-        "contract.aligned", "ffi.symbols", "launch.plan"} else []
+    static = wanted & {"contract.aligned", "ffi.symbols", "launch.plan"}
+    compiled = bool(static - {"contract.aligned"})
+    results = [r for r in static_results(capsule, quick, compiled) if r.check in wanted] if static else []
     dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
     try:
         if dynamic & {"value", "value.special", "vjp", "determinism", "bounds", "inputs.intact", "selection.ties"}:

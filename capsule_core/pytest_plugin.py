@@ -1,0 +1,153 @@
+"""pytest plugin (entry point `pytest11: capsules`): capsule verification as test items.
+
+`pytest --capsules all` (or a comma list of capsule or op names) adds one item per capsule and
+check id, `capsules::softmax::vjp`, so a kernel library puts `capsules verify` in its own test
+suite and gets pytest's JUnit, -k, -x and xdist for free. A FAILED or ERROR check fails its item
+with the verify message and rerun line, SKIPPED (and MISTRUSTED: it ran but could not tell)
+skips with the reason, PASSED passes. Each capsule is verified once, lazily when its first
+selected item runs, for the checks of its selected items; the other items read the cached
+report. Without --capsules the plugin adds nothing, and this module imports nothing but pytest
+(the library is imported only when --capsules is given).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+ROOT = "capsules"
+"""The collector's name: every item's node id starts with it."""
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("capsules", "capsule verification (capsules verify as test items)")
+    group.addoption("--capsules", metavar="NAMES", default=None,
+                    help="verify these capsules as test items: 'all' or a comma list of capsule or op names")
+    group.addoption("--capsules-backend", choices=("auto", "cuda", "emu", "numpy"), default="auto",
+                    help="auto: cuda when a GPU answers, else the emulator, else numpy (default: auto)")
+    group.addoption("--capsules-quick", action="store_true", default=False,
+                    help="small samples and edges only (a CI smoke run)")
+    group.addoption("--capsules-seed", type=int, default=0, help="seed of the sample inputs and cotangents (default: 0)")
+
+
+def pytest_configure(config):
+    names = config.getoption("capsules")
+    if names is None:
+        return
+    config.pluginmanager.register(CapsuleVerification(config, _capsules(names)), "capsules-verification")
+
+
+def _capsules(names: str) -> list:
+    """The capsules `--capsules` names, in the order given; UsageError naming an unknown name."""
+    from .errors import UnknownNameError
+    from .native_cuda import CAPSULES
+    from .registry import lookup
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise pytest.UsageError("--capsules: give 'all' or a comma list of capsule or op names")
+    if wanted == ["all"]:
+        return list(CAPSULES)
+    try:
+        capsules = [lookup(n) for n in wanted]
+    except UnknownNameError as exc:
+        raise pytest.UsageError(f"--capsules: {exc}") from None
+    return list({c.name: c for c in capsules}.values())
+
+
+def _short(capsule) -> str:
+    """`softmax` for the native capsule of an op, the full name for any other."""
+    return capsule.op.value if capsule.module == "native_cuda" else capsule.name
+
+
+class CapsuleVerification:
+    """The plugin's state when --capsules is given: the capsules, the backend (resolved on first
+    use) and one verify report per capsule (made on first use)."""
+
+    def __init__(self, config, capsules: list):
+        self.config, self.capsules = config, capsules
+        self.quick = config.getoption("capsules_quick")
+        self.seed = config.getoption("capsules_seed")
+        self.backend_name = config.getoption("capsules_backend")
+        self._backend = None
+        self._reports: dict = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        """Append the capsule items (collected as pytest collects, so they are counted and
+        reported) before -k, -m and --deselect filter the list."""
+        items.extend(session.genitems(CapsulesCollector.from_parent(session, name=ROOT, nodeid=ROOT)))
+
+    def backend(self):
+        """(backend, note); EnvironmentMissing for a backend this machine cannot run."""
+        if self._backend is None:
+            from .backends.select import resolve
+            self._backend = resolve(self.backend_name)
+        return self._backend
+
+    def report(self, capsule, session):
+        """The capsule's CapsuleReport, for the checks of its items still in the session."""
+        if capsule.name not in self._reports:
+            from .verify import verify_capsule
+            backend, _ = self.backend()
+            checks = tuple(dict.fromkeys(i.check for i in session.items
+                                         if isinstance(i, CapsuleCheckItem) and i.capsule is capsule))
+            self._reports[capsule.name] = verify_capsule(capsule, backend, quick=self.quick, seed=self.seed,
+                                                         checks=checks)
+        return self._reports[capsule.name]
+
+    def pytest_report_header(self, config):
+        return (f"capsules: {len(self.capsules)} capsule(s) on backend {self.backend_name}"
+                f"{' (quick)' if self.quick else ''}, seed {self.seed}")
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self._backend is not None:
+            terminalreporter.write_line(f"capsules: {self._backend[1]}")
+
+
+class CapsulesCollector(pytest.Collector):
+    """`capsules`: one item per (capsule, check id), in the registry's order and design §4's."""
+
+    def collect(self):
+        from .checks import CHECKS
+        plugin = self.config.pluginmanager.get_plugin("capsules-verification")
+        return [CapsuleCheckItem.from_parent(self, name=f"{_short(c)}::{check}", capsule=c, check=check)
+                for c in plugin.capsules for check in CHECKS]
+
+
+class CheckFailed(Exception):
+    """A FAILED or ERROR check: its message is verify's line and rerun line."""
+
+
+class CapsuleCheckItem(pytest.Item):
+    def __init__(self, *, capsule, check: str, **kwargs):
+        super().__init__(**kwargs)
+        self.capsule, self.check = capsule, check
+
+    def runtest(self):
+        from .errors import EnvironmentMissing
+        plugin = self.config.pluginmanager.get_plugin("capsules-verification")
+        try:
+            report = plugin.report(self.capsule, self.session)
+        except EnvironmentMissing as exc:
+            raise CheckFailed(f"--capsules-backend {plugin.backend_name}: {exc}") from None
+        result = next(r for r in report.results if r.check == self.check)
+        status = result.status.value
+        if status in ("FAILED", "ERROR"):
+            measured = result.worst is not None and math.isfinite(result.worst)
+            worst = f" (worst {result.worst:.3g} of the bound)" if measured else ""
+            rerun = result.repro or (f"capsules verify {_short(self.capsule)} --check {self.check} "
+                                     f"--seed {plugin.seed} --backend {plugin.backend()[0].name}")
+            raise CheckFailed(f"{status} {self.capsule.name} {self.check}: {result.reason}{worst}\n    rerun: {rerun}")
+        if status == "SKIPPED":
+            pytest.skip(result.reason)
+        if status == "MISTRUSTED":
+            pytest.skip(f"MISTRUSTED (could not tell): {result.reason}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, ""
