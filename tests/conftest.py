@@ -27,6 +27,5 @@ def _gpu_unavailable() -> str:
 
 @pytest.fixture(scope="session")
 def host_build_dir(tmp_path_factory):
-    """Where tests/hostmath.py puts the host builds of the kernels' device math, and tests/kernel_emu.py
-    the kernel families built for its CPU emulator."""
+    """Where tests/hostmath.py puts the host builds of the kernels' device math."""
     return str(tmp_path_factory.mktemp("hostmath"))

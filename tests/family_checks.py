@@ -9,8 +9,8 @@
 - the launch plans of every sample and edge input: legal on every arch, each launch fitting the
   compiled kernel's registers and shared memory, the outputs shaped as the op's results, and
   planted faults reported;
-- results of the kernels (on the CPU emulator, tests/kernel_emu.py, or replayed by a host
-  harness) against the float64 reference under the op's error model.
+- results of the kernels (cuda/<family>.cu on the emu backend through tests/kernel_emu.py, or a
+  host harness in their place) against the float64 reference under the op's error model.
 
 A family's test adds what is its own: its launch shapes and planted faults, its host math.
 """
@@ -364,8 +364,8 @@ class Emulated:
 
 
 def emulate(runner, op: str, sample, misalign=None) -> Emulated:
-    """The forward and backward plans of a case run by `runner` (kernel_emu's PlanRunner or a
-    HostReplay), every buffer `misalign` elements off (kernel_emu.PlanMemory)."""
+    """The forward and backward plans of a case run by `runner` (a kernel_emu.PlanRunner), buffers
+    `misalign` elements off alignment (DeviceBackend.execute's `misalign`)."""
     spec = get_spec(op)
     forward, backward = plan_functions(registry.lookup(op))
     arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
@@ -401,19 +401,19 @@ def emulated_problems(runner, op: str, sample, misalign=None, exact_bits: bool =
 # -- host replays through harnesses that count misaligned 16-byte accesses (view, index) -------------
 
 def float32_off_16(buffer) -> int:
-    """PlanMemory misalignment: every float32 buffer 4 bytes off 16-byte alignment (int64 metadata
-    stays aligned)."""
+    """A misalignment: every float32 buffer 4 bytes off 16-byte alignment (int64 metadata stays
+    aligned)."""
     return int(buffer.dtype == "float32")
 
 
 def counted_replay(lib, calls: dict):
-    """A kernel_emu.HostReplay calling calls[symbol](lib, launch, args), the launch's arguments as
-    integers (buffer addresses for buffer names), through a harness built on tests/host/replay.h:
-    no 16-byte access may be off alignment (on the GPU it would fault)."""
+    """A kernel_emu.HostReplay calling calls[symbol](lib, launch, args), the launch's arguments
+    as Python numbers (device addresses for buffers), through a harness built on
+    tests/host/replay.h: no 16-byte access may be off alignment (on the GPU it would fault)."""
     from kernel_emu import HostReplay
 
-    def call(memory, launch):
-        returned = calls[launch.symbol](lib, launch, [a if isinstance(a, int) else int(a) for a in memory.args(launch)])
+    def call(launch):
+        returned = calls[launch.symbol](lib, launch, list(launch.args))
         assert lib.host_misaligned_accesses() == 0, f"{launch.symbol}: a 16-byte access off alignment"
         return returned
     return HostReplay(call)
@@ -421,8 +421,11 @@ def counted_replay(lib, calls: dict):
 
 def paths_taken(runner, op: str, sample, misaligned: bool = False) -> list:
     """emulated_problems (exact results bit for bit) asserted empty, float32 buffers 4 bytes off
-    16-byte alignment if `misaligned`; returns (symbol, what the replay of each launch returned:
-    the path or mode the kernel took)."""
-    runner.returned.clear()
+    16-byte alignment if `misaligned`; returns (symbol, what the harness returned for each launch:
+    the path or mode the kernel took) for a HostReplay, nothing for the emulator."""
+    from kernel_emu import HostReplay
+
+    replayed = runner.returned if isinstance(runner, HostReplay) else []
+    replayed.clear()
     assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
-    return list(runner.returned)
+    return list(replayed)

@@ -47,14 +47,13 @@ def declare(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
     return lib
 
 
-def declare_kernels(lib: ctypes.CDLL, refs, restype=None, extra=()) -> ctypes.CDLL:
-    """host_<op>_<dir> for each registry symbol capsule_<op>_<dir>: the declared parameters (float
-    pointers as float*), then `extra`; `restype` a ctypes type, None, or a function of the symbol."""
+def declare_kernels(lib: ctypes.CDLL, refs) -> ctypes.CDLL:
+    """host_<op>_<dir> for each registry symbol capsule_<op>_<dir>, returning void: the declared
+    parameters (float pointers as float*)."""
     from capsule_core.launch import parse_param
 
-    return declare(lib, {ref.symbol.replace("capsule_", "host_", 1): (
-        restype if restype is None or isinstance(restype, type) else restype(ref.symbol),
-        [F32P if p.pointer else CTYPES[p.ctype] for p in map(parse_param, ref.params)] + list(extra)) for ref in refs})
+    return declare(lib, {ref.symbol.replace("capsule_", "host_", 1):
+                         [F32P if p.pointer else CTYPES[p.ctype] for p in map(parse_param, ref.params)] for ref in refs})
 
 
 def f32(a) -> np.ndarray:
@@ -75,7 +74,3 @@ def f32_ptr(a: np.ndarray):
     assert a.dtype == np.float32 and a.flags.c_contiguous
     return a.ctypes.data_as(F32P)
 
-
-def u64_ptr(a: np.ndarray):
-    assert a.dtype == np.uint64 and a.flags.c_contiguous
-    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64))

@@ -2,16 +2,23 @@
 runs, barriers and warp shuffles exchange values as on a GPU (warps of consecutive linear thread
 indices in 2-D blocks; 32- and 64-bit values), blocks cover 2-D grids, dynamic shared memory is
 there, and a divergent barrier or shuffle (undefined behaviour on a GPU) is reported as a deadlock
-rather than passing silently. The plan memory of tests/kernel_emu.py, which every emulated or
-host-replayed plan runs in, reports writes outside a buffer, changed inputs and unwritten outputs."""
+rather than passing silently. The one execution path (DeviceBackend.execute) starts buffers where
+`misalign` says, and the plan runs of tests/kernel_emu.py report writes outside an output, changed
+inputs, unwritten outputs and kernel faults."""
 
 import ctypes
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from capsule_core.backends.emu import EMULATOR_HEADER, HOST_FLAGS, LINKER_SCRIPT, find_host_compiler
+from capsule_core.errors import EnvironmentMissing
+from capsule_core.kernels import cuda_source_dir
 from capsule_core.launch import Buffer, Launch, LaunchPlan
-from kernel_emu import FILL_BITS, HostReplay, PlanMemory, build, compiler
+from family_checks import with_launch
+from kernel_emu import HostReplay, emulator
 
 SOURCE = r'''
 #include <cstdint>
@@ -103,11 +110,26 @@ extern "C" int run_divergent_shuffle(float* out) {
 '''
 
 
+def build(name: str, code: str, build_dir: Path) -> ctypes.CDLL:
+    """C++ `code` built against the emulator header as the emu backend builds a family."""
+    try:
+        compiler = find_host_compiler()
+    except EnvironmentMissing as exc:
+        pytest.skip(str(exc))
+    driver = build_dir / f"{name}_emu.cpp"
+    driver.write_text(code)
+    target = build_dir / f"lib{name}_emu.so"
+    source_dir = cuda_source_dir()
+    cmd = [str(compiler.path), *HOST_FLAGS, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(source_dir),
+           "-o", str(target), str(driver), f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"emulator build of {name} failed:\n{result.stderr}"
+    return ctypes.CDLL(str(target))
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    if compiler() is None:
-        pytest.skip("no C++ compiler (g++) for the emulator")
-    lib = build("selftest", SOURCE, str(tmp_path_factory.mktemp("emu")))
+    lib = build("selftest", SOURCE, tmp_path_factory.mktemp("emu"))
     p, u = ctypes.c_void_p, ctypes.c_uint
     lib.run_block_sums.argtypes = [u, u, p, p]
     lib.run_warp_sums_2d.argtypes = [u, u, u, u, p, p, p, p]
@@ -189,54 +211,69 @@ def test_a_misaligned_vector_access_is_an_error(lib):
         f"misaligned_float4 block (0,0,0) thread (0,0,0): misaligned 16-byte access at address {base + 4:#x} at selftest_emu.cpp:")
 
 
-# -- kernel_emu.PlanMemory and HostReplay: the buffers every plan run (emulated or replayed) uses --
+# -- plans through DeviceBackend.execute: misaligned buffers, and what a run reports ---------------
 
 
-def _plan(launches=1, alias=False):
-    buffers = (Buffer("x", "input", "float32", 8), Buffer("meta", "meta", "int64", 2),
-               Buffer("work", "workspace", "float32", 4), Buffer("out", "output", "float32", 8))
-    return LaunchPlan("selftest", "forward", buffers, (Launch("k", (1, 1, 1), (32, 1, 1), ("x", "meta", "out")),) * launches,
-                      host_data={"meta": np.array([3, 4])}, output_shapes={"out": (2, 4)},
-                      aliases={"out": "x"} if alias else {})
+def _permute_plan() -> LaunchPlan:
+    """capsule_permute_fwd's buffers of every role that reaches a kernel: float32 input and output,
+    int64 metadata."""
+    buffers = (Buffer("x", "input", "float32", 6), Buffer("out", "output", "float32", 6), Buffer("geometry", "meta", "int64", 3))
+    launch = Launch("capsule_permute_fwd", (1, 1, 1), (32, 1, 1), ("x", "out", "geometry", 1, 6))
+    return LaunchPlan("permute", "forward", buffers, (launch,), host_data={"geometry": np.array([6, 1, 7])},
+                      output_shapes={"out": (2, 3)})
 
 
-def _replay(write):
-    return HostReplay(lambda memory, launch: write(memory))
+def _recorded_args(misalign) -> tuple:
+    """The arguments capsule_permute_fwd receives, the harness copying x to out and reading geometry."""
+    seen = []
+
+    def call(launch):
+        x, out, geometry = launch.args[:3]
+        ctypes.memmove(out, x, 24)
+        seen.append((launch.args, (ctypes.c_int64 * 3).from_address(geometry)[:]))
+    y = HostReplay(call).run(_permute_plan(), {"x": np.arange(6, dtype=np.float32)}, misalign)["out"]
+    assert np.array_equal(y, np.arange(6, dtype=np.float32).reshape(2, 3))
+    (args, geometry), = seen
+    assert geometry == [6, 1, 7] and args[3:] == (1, 6)
+    return args
 
 
-def test_plan_memory_lays_out_guarded_prefilled_buffers():
-    x = np.arange(8, dtype=np.float32)
-    memory = PlanMemory(_plan(), {"x": x}, {"x": 1, "out": 3})
-    assert memory.slots["x"].address % 64 == 4 and memory.slots["out"].address % 64 == 12
-    assert memory.slots["work"].address % 64 == 0
-    assert np.array_equal(memory.view("x"), x) and memory.view("meta").tolist() == [3, 4]
-    assert (memory.view("out").view(np.uint32) == FILL_BITS).all() and (memory.view("work").view(np.uint32) == FILL_BITS).all()
-    memory = PlanMemory(_plan(), {"x": x}, lambda b: 2 * (b.dtype == "float32"))
-    assert memory.slots["x"].address % 64 == 8 and memory.slots["meta"].address % 64 == 0
+@pytest.mark.parametrize("misalign, offsets", [
+    (None, (0, 0, 0)),
+    ({"x": 1, "out": 3, "geometry": 1}, (4, 12, 8)),
+    (lambda b: 2 * (b.dtype == "float32"), (8, 8, 0)),
+])
+def test_misaligned_buffers_start_past_a_256_byte_boundary(misalign, offsets):
+    """`misalign` counts elements of the buffer's own type (8 bytes for int64 metadata); the
+    contents arrive there and the output comes back from there."""
+    x, out, geometry = _recorded_args(misalign)[:3]
+    assert (x % 256, out % 256, geometry % 256) == offsets
 
 
-def test_host_replay_returns_written_outputs_and_aliases():
-    x = np.arange(8, dtype=np.float32)
+def test_an_alias_comes_back_from_the_misaligned_input():
+    """reshape launches nothing: its output is its input's memory, under the output's shape."""
+    x = np.arange(6, dtype=np.float32)
+    plan = LaunchPlan("reshape", "forward", (Buffer("x", "input", "float32", 6), Buffer("out", "output", "float32", 6)),
+                      (), output_shapes={"out": (3, 2)}, aliases={"out": "x"})
+    assert np.array_equal(emulator().run(plan, {"x": x}, {"x": 3})["out"], x.reshape(3, 2))
 
-    def write(memory):
-        memory.view("out")[:] = memory.view("x") * 2
-        return "path"
-    runner = _replay(write)
-    assert np.array_equal(runner.run(_plan(), {"x": x})["out"], (2 * x).reshape(2, 4))
-    assert runner.returned == [("k", "path")]
-    assert np.array_equal(_replay(write).run(_plan(launches=0, alias=True), {"x": x})["out"], x.reshape(2, 4))
+
+def _relu_plan(n: int = 40) -> LaunchPlan:
+    buffers = (Buffer("x", "input", "float32", n), Buffer("out", "output", "float32", n))
+    launch = Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("x", "out", n))
+    return LaunchPlan("relu", "forward", buffers, (launch,), output_shapes={"out": (n,)})
 
 
 @pytest.mark.parametrize("fault, message", [
-    (lambda m: m.slots["out"].storage.__setitem__(m.slots["out"].start + 8, 0.0), "a write outside buffer out"),
-    (lambda m: m.slots["x"].storage.__setitem__(m.slots["x"].start - 1, 0.0), "a write outside buffer x"),
-    (lambda m: m.view("x").__setitem__(3, 9.0), "input x changed"),
-    (lambda m: m.view("meta").__setitem__(0, 9), "input meta changed"),
-    (lambda m: m.view("out").view(np.uint32).__setitem__(7, FILL_BITS), "out not fully written"),
+    ({"args": ("x", "out", 41)}, "a write outside buffer out"),
+    ({"args": ("x", "out", 39)}, r"out not fully written \(1 elements\)"),
+    ({"args": ("x", "x", 40)}, "input x changed"),
 ])
-def test_host_replay_reports_writes_outside_changed_inputs_and_unwritten_outputs(fault, message):
-    def write(memory):
-        memory.view("out")[:] = 1.0
-        fault(memory)
+def test_planted_launch_faults_are_reported(fault, message):
+    """relu's kernel on the emulator launched wrongly, its buffers off 16-byte alignment: past the
+    end of the output, short of it, into its input."""
+    x = np.linspace(-2, 2, 40, dtype=np.float32)
+    runner = emulator()
+    assert np.array_equal(runner.run(_relu_plan(), {"x": x}, {"x": 1, "out": 1})["out"], np.maximum(x, 0))
     with pytest.raises(AssertionError, match=message):
-        _replay(write).run(_plan(), {"x": np.zeros(8, np.float32)})
+        runner.run(with_launch(_relu_plan(), **fault), {"x": x}, {"x": 1, "out": 1})

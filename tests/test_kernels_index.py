@@ -18,7 +18,7 @@ from family_checks import (bits, build_problems, cases, counted_replay, family_o
                            paths_taken, plan_case_problems, plan_inputs, same_bits, signature_problems, symbols)
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
-from kernel_emu import guarded, prefilled
+from kernel_emu import prefilled
 
 FAMILY = "index"
 OPS = ("gather", "scatter_add")
@@ -78,8 +78,8 @@ def host(lib):
 
 
 @pytest.fixture(scope="module")
-def emu(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir)
+def emu():
+    return family_emulator()
 
 
 # -- every sample and edge, replayed on the host ------------------------------------------------------
@@ -157,7 +157,7 @@ def test_gather_guards_an_index_out_of_range(lib):
     for inner_vec in (False, True):
         xs = np.repeat(x, 4) if inner_vec else x
         inner = 4 if inner_vec else 1
-        y = guarded(4 * inner).view
+        y = prefilled(4 * inner)
         y[...] = 7.0  # written where the index is good (0 and 2) and where it is not (NaN)
         lib.host_gather_fwd(xs.ctypes.data, index.ctypes.data, y.ctypes.data, 1, 5, inner, 4)
         y = y.reshape(4, inner)

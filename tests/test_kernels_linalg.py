@@ -1,8 +1,9 @@
 """cuda/linalg.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
-points and without spills; the kernels' own per-thread code (cuda/linalg.cuh, compiled for the
-host) run through the launch plans meets each op's contract against the float64 reference; the
-SGEMM tiles reproduce the plain sequential FMA chain of every output exactly; the plans are legal
-for every sample."""
+points and without spills; the kernels themselves, run on the CPU emulator as the launch plans
+launch them, meet each op's contract against the float64 reference with aligned and misaligned
+buffers, on either tile shape and any chunking; the SGEMM tiles reproduce the plain sequential
+FMA chain of every output exactly; the per-thread index arithmetic of cuda/linalg.cuh (compiled
+for the host) partitions the tiles; the plans are legal for every sample."""
 
 import ctypes
 import re
@@ -11,16 +12,15 @@ import numpy as np
 import pytest
 
 from capsule_core.kernels import ARCHES, cuda_source_dir
-from capsule_core.launch import STATIC_SHARED_LIMIT, parse_param
+from capsule_core.launch import STATIC_SHARED_LIMIT, Buffer, LaunchPlan
 from capsule_core.numerics import compare
-from capsule_core.backends.cpu import REFERENCE
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import linalg as plans
 from family_checks import (build_problems, cases, compared, compiled, emulate, family_ops, missed_faults,
-                           plan_case_problems, signature_problems, symbols)
-from hostmath import declare, declare_kernels, f32_ptr, load
-from kernel_emu import HostReplay
+                           plan_case_problems, same_bits, signature_problems, symbols, with_launch)
+from hostmath import declare, f32_ptr, load
+from kernel_emu import emulator
 
 FAMILY = "linalg"
 OPS = ("matmul", "linear", "mse_loss")
@@ -61,15 +61,20 @@ def test_source_spells_out_each_declared_signature():
     assert not re.search(r"\batomic\w*\(", SOURCE.read_text()), "atomics"
 
 
-# -- the kernels' code on the host, driven by the launch plans ----------------------------------------
+# -- the kernels on the CPU emulator, driven by the launch plans ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emu():
+    """linalg.cu on the emu backend, grids capped at 4 blocks: each block walks several tiles or chunks."""
+    return emulator((4, 1))
 
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    lib = load("linalg_host", host_build_dir)
-    declare_kernels(lib, ALL_SYMBOLS.values(), restype=lambda name: ctypes.c_int if name in GEMM_SYMBOLS else None,
-                    extra=[ctypes.c_int])
-    return declare(lib, {
+    """cuda/linalg.cuh's tile and thread arithmetic and its mse term, and the plain FMA chain,
+    built for the host."""
+    return declare(load("linalg_host", host_build_dir), {
         "host_gemm_naive": [ctypes.c_int, ctypes.c_int] + [ctypes.POINTER(ctypes.c_float)] * 3 + [ctypes.c_int64] * 4,
         "host_tile_coords": [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)],
         "host_thread_layout": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
@@ -77,63 +82,47 @@ def lib(host_build_dir):
     })
 
 
-def replay(lib, threads=None) -> HostReplay:
-    """Plans run with the host builds of their kernels (threads = the launch's block, or `threads`
-    for every GEMM launch: any legal tile shape is correct; every tile, chunk or element, whatever
-    the grid) in kernel_emu.PlanMemory: guard bands, outputs and workspaces NaN before the launch,
-    guards and inputs checked intact, every output written."""
-    def call(memory, launch):
-        params = [parse_param(p) for p in ALL_SYMBOLS[launch.symbol].params]
-        args = [f32_ptr(memory.view(a)) if p.pointer else a for p, a in zip(params, launch.args)]
-        block = threads if threads is not None and launch.symbol in GEMM_SYMBOLS else launch.block[0]
-        returned = getattr(lib, launch.symbol.replace("capsule_", "host_", 1))(*args, block)
-        assert returned in (None, 0), f"{launch.symbol}: the host build refused {block} threads"
-    return HostReplay(call)
-
-
-def check_sample(lib, spec, sample, misalign=0, threads=None):
-    """Forward and backward plans of one sample on the host against the reference, inputs and
-    outputs `misalign` floats off 16-byte alignment (workspaces stay aligned, as allocations are):
-    returns the worst error over bound."""
-    run = emulate(replay(lib, threads), spec.name, sample, lambda b: misalign * (b.role != "workspace"))
+def check_sample(emu, spec, sample, misalign=0):
+    """Forward and backward plans of one sample on the emulator against the reference, inputs and
+    outputs `misalign` floats off 16-byte alignment (workspaces stay aligned: they are allocations,
+    never views): returns the worst error over its bound."""
+    run = emulate(emu, spec.name, sample, lambda b: misalign * (b.role != "workspace"))
     result = compared(spec.name, sample, run.y, run.grads, run.g)
     assert result.problems == []
     return result.worst
 
 
-PLANS_OF = plans.PLANS
-
-
 @pytest.mark.parametrize("misalign", [0, 1])
 @pytest.mark.parametrize("op", OPS)
-def test_host_plans_meet_the_contract(lib, op, misalign):
+def test_kernels_meet_the_contract(emu, op, misalign):
     """Every small and medium sample and every edge (empty, one, odd, k = 0, NaN / inf, same-sign
-    k = 4096, underflow), with aligned buffers and with buffers off 16-byte alignment."""
+    k = 4096, underflow), with aligned buffers (the 16-byte paths) and with buffers off 16-byte
+    alignment (the scalar ones)."""
     spec = get_spec(op)
-    for sample in cases(op, ("small", "medium")):
-        if sample.worst_case:
-            check_sample(lib, spec, sample, misalign)
-    worst = max(check_sample(lib, spec, sample, misalign) for sample in cases(op, ("small", "medium")) if not sample.worst_case)
+    samples = cases(op, ("small", "medium"))
+    worst = [check_sample(emu, spec, sample, misalign) for sample in samples]
+    typical = max(w for w, sample in zip(worst, samples) if not sample.worst_case)
     # The samples' probabilistic bounds leave room: a kernel that barely passes is a bug in waiting.
-    assert worst <= 0.5, f"{op}: an error uses {worst:.2f} of its bound"
+    assert typical <= 0.5, f"{op}: an error uses {typical:.2f} of its bound"
 
 
 @pytest.mark.parametrize("threads", sorted(THREADS))
 @pytest.mark.parametrize("op", ("matmul", "linear"))
-def test_host_plans_on_either_tile_shape(lib, op, threads):
+def test_kernels_on_either_tile_shape(emu, op, threads, monkeypatch):
+    """Either tile shape is correct for any problem: the plans forced onto one."""
+    monkeypatch.setattr(plans, "gemm_shape", lambda *_: THREADS[threads])
     spec = get_spec(op)
     for sample in cases(op, ("small", "medium")):
-        check_sample(lib, spec, sample, threads=threads)
+        check_sample(emu, spec, sample)
 
 
-def test_host_mse_loss_on_the_large_sample(lib):
-    """1024 × 4099 elements: 513 chunks, then the partial sums (the only large sample cheap enough
-    for the host)."""
+def test_mse_loss_on_the_large_sample(emu):
+    """1024 × 4099 elements: 513 chunks, then the partial sums."""
     spec = get_spec("mse_loss")
     (sample,) = spec.samples("large", seeded_rng("mse_loss", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
     assert len(plans.mse_forward(arrays, p).launches) == 2
-    check_sample(lib, spec, sample)
+    check_sample(emu, spec, sample)
 
 
 # -- the SGEMM core exactly ---------------------------------------------------------------------------
@@ -148,39 +137,40 @@ def rng_matrix(rng, *shape):
 
 @pytest.mark.parametrize("threads", sorted(THREADS))
 @pytest.mark.parametrize("batch, m, k, n", GEMM_CASES)
-def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, batch, m, k, n, threads):
-    """Every output of every matmul entry point (each transposition of the core) equals the plain
+def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n, threads, monkeypatch):
+    """Every output of every GEMM entry point (each transposition of the core) equals the plain
     FMA chain over p = 0 … k−1: tiling, zero padding at the edges, double buffering and the
     per-thread micro-tiles move values but never change a rounding."""
+    monkeypatch.setattr(plans, "gemm_shape", lambda *_: THREADS[threads])
     rng = seeded_rng("matmul", f"chain/{batch}/{m}/{k}/{n}")
     a, b, g = rng_matrix(rng, batch, m, k), rng_matrix(rng, batch, k, n), rng_matrix(rng, batch, m, n)
-    ptr = f32_ptr
 
     def naive(at, bt, x, y, mm, nn, kk):
-        out = np.empty((batch, mm, nn), np.float32)
-        lib.host_gemm_naive(at, bt, ptr(np.ascontiguousarray(x)), ptr(np.ascontiguousarray(y)), ptr(out), batch, mm, nn, kk)
+        out = np.empty((len(x), mm, nn), np.float32)
+        lib.host_gemm_naive(at, bt, f32_ptr(np.ascontiguousarray(x)), f32_ptr(np.ascontiguousarray(y)), f32_ptr(out),
+                            len(x), mm, nn, kk)
         return out
 
-    for symbol, x, y, shape, expected in [
-        ("capsule_matmul_fwd", a, b, (batch, m, n), naive(0, 0, a, b, m, n, k)),
-        ("capsule_matmul_bwd_a", g, b, (batch, m, k), naive(0, 1, g, b, m, k, n)),
-        ("capsule_matmul_bwd_b", a, g, (batch, k, n), naive(1, 0, a, g, k, n, m)),
-    ]:
-        out = np.full(shape, np.nan, np.float32)
-        assert getattr(lib, symbol.replace("capsule_", "host_"))(ptr(x), ptr(y), ptr(out), batch, m, k, n, threads) == 0
-        assert np.array_equal(out, expected), f"{symbol} ({batch}, {m}, {k}, {n}) on {threads} threads"
+    inputs = {"a": a, "b": b}
+    y = emu.run(plans.matmul_forward(inputs, {}), inputs)["out"]
+    grads = emu.run(plans.matmul_backward(inputs, {}), {**inputs, "g": g})
+    for name, got, expected in [("capsule_matmul_fwd", y, naive(0, 0, a, b, m, n, k)),
+                                ("capsule_matmul_bwd_a", grads["da"], naive(0, 1, g, b, m, k, n)),
+                                ("capsule_matmul_bwd_b", grads["db"], naive(1, 0, a, g, k, n, m))]:
+        assert same_bits(got, expected), f"{name} ({batch}, {m}, {k}, {n}) on {threads} threads"
     if batch == 1:
-        w, bias = rng_matrix(rng, n, k), rng_matrix(rng, n)
-        y = np.full((m, n), np.nan, np.float32)
-        assert lib.host_linear_fwd(ptr(a[0]), ptr(w), ptr(bias), ptr(y), m, k, n, threads) == 0
-        assert np.array_equal(y, naive(0, 1, a[0], w, m, n, k)[0] + bias)
+        inputs = {"x": a[0], "w": rng_matrix(rng, n, k), "b": rng_matrix(rng, n)}
+        y = emu.run(plans.linear_forward(inputs, {}), inputs)["out"]
+        assert same_bits(y, naive(0, 1, a[:1], inputs["w"][None], m, n, k)[0] + inputs["b"])
 
 
-def test_gemm_refuses_other_block_sizes(lib):
-    """The device traps on a block that names no tile; the host build says so."""
-    a = np.ones((4, 4), np.float32)
-    out = np.empty((4, 4), np.float32)
-    assert lib.host_matmul_fwd(f32_ptr(a), f32_ptr(a), f32_ptr(out), 1, 4, 4, 4, 64) == -1
+def test_gemm_traps_on_a_block_that_names_no_tile(emu):
+    """The block size names the tile; any other is a plan error, and the kernel traps rather than
+    leave the product unwritten."""
+    inputs = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
+    plan = with_launch(plans.matmul_forward(inputs, {}), block=(64, 1, 1))
+    with pytest.raises(AssertionError, match=r"capsule_matmul_fwd block \(0,0,0\) thread \(0,0,0\): __trap\(\)"):
+        emu.run(plan, inputs)
 
 
 @pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (1, 9), (9, 1), (8, 8), (17, 5), (23, 31), (8, 1), (16, 3)])
@@ -228,47 +218,44 @@ def test_mse_term_is_exact_in_double(lib):
     assert lib.host_mse_accumulate(0.0, np.float32(1e-45), 0.0) == float(np.float32(1e-45)) ** 2
 
 
-def run_mse_forward(lib, pred, target, chunk, threads=256):
-    n = pred.size
-    chunks = -(-n // chunk)
-    partials = np.full(2 * chunks, np.nan, np.float32)
-    y = np.full(1, np.nan, np.float32)
-    lib.host_mse_loss_fwd(f32_ptr(pred), f32_ptr(target), f32_ptr(partials), f32_ptr(y), n, chunk, 0, threads)
-    if chunks > 1:
-        assert np.isnan(y[0])
-        lib.host_mse_loss_fwd(f32_ptr(pred), f32_ptr(target), f32_ptr(partials), f32_ptr(y), n, chunk, 1, threads)
-    return y[0]
+MSE_CHUNKINGS = [(1, 32), (3, 256), (4, 1024), (8, 32), (1024, 256), (8192, 1024)]
+"""(elements per chunk, threads per block): scalar and vector loads, chunks fewer and more than
+the second stage's threads, every block size from one warp to 1024 threads."""
+MSE_EMULATED_THREADS = 1 << 16
+"""Chunks × threads per block the emulator runs for one case at most (each a fiber switched at
+every barrier: microseconds)."""
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 8, 1024, 8192])
-@pytest.mark.parametrize("threads", [32, 256, 1024])
-def test_mse_forward_for_any_chunking(lib, chunk, threads):
+@pytest.mark.parametrize("chunk, threads", MSE_CHUNKINGS)
+def test_mse_forward_for_any_chunking(emu, chunk, threads, monkeypatch):
+    monkeypatch.setattr(plans, "mse_chunk", lambda n: chunk)
+    monkeypatch.setattr(plans, "MSE_BLOCK", threads)
     spec = get_spec("mse_loss")
     for sample in cases("mse_loss", ("small", "medium")):
-        pred = np.ascontiguousarray(sample.inputs["pred"], np.float32).ravel()
-        target = np.ascontiguousarray(sample.inputs["target"], np.float32).ravel()
-        y = run_mse_forward(lib, pred, target, chunk, threads)
-        r = REFERENCE.forward(spec, sample.inputs)
-        m = REFERENCE.magnitude(spec, sample.inputs)
-        assert compare(np.float32(y), r, m, spec.error, pred.size, True).passed, sample.summary()
+        if -(-sample.inputs["pred"].size // chunk) * threads > MSE_EMULATED_THREADS:
+            continue
+        arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
+        y = emu.run(plans.mse_forward(arrays, p), arrays)["out"]
+        assert compared("mse_loss", sample, y).problems == []
 
 
-def test_mse_backward_is_the_spec_formula_bitwise(lib):
-    """dpred = (pred − target)·(g·fl(2/n)) with every rounding in float32, as the reference."""
+@pytest.mark.parametrize("misalign", [0, 1])
+def test_mse_backward_is_the_spec_formula_bitwise(emu, misalign):
+    """dpred = (pred − target)·(g·fl(2/n)) with every rounding in float32, as the reference: on
+    the 16-byte path and, buffers misaligned, the scalar one."""
     rng = seeded_rng("mse_loss", "bits")
     for n in (1, 7, 1000, 4099):
         pred, target = rng_matrix(rng, n), rng_matrix(rng, n)
-        g = np.float32([rng.standard_normal()])
-        dpred, dtarget = np.empty(n, np.float32), np.empty(n, np.float32)
-        lib.host_mse_loss_bwd(f32_ptr(pred), f32_ptr(target), f32_ptr(g), f32_ptr(dpred), f32_ptr(dtarget), n, 256)
-        expected = (pred - target) * (g[0] * np.float32(2.0 / n))
-        assert np.array_equal(dpred.view(np.uint32), expected.view(np.uint32))
-        assert np.array_equal(dtarget.view(np.uint32), (-expected).view(np.uint32))
+        g = np.float32(rng.standard_normal())
+        grads = emu.run(plans.mse_backward({"pred": pred}, {}), {"pred": pred, "target": target, "g": g}, lambda b: misalign)
+        expected = (pred - target) * (g * np.float32(2.0 / n))
+        assert same_bits(grads["dpred"], expected) and same_bits(grads["dtarget"], -expected), n
 
 
 @pytest.mark.parametrize("rows, cols", [(0, 5), (1, 1), (5000, 70), (100_000, 3), (300, 1024), (70_000, 33)])
-def test_column_sums_through_the_plan(lib, rows, cols):
-    """linear's db in one pass or two (row chunks, then the chunks), against a float64 sum."""
+def test_column_sums_through_the_plan(emu, rows, cols):
+    """linear's db in one pass or two (row chunks into the workspace, then the chunks' sums),
+    against a float64 sum under linear's error model for db."""
     rng = seeded_rng("linear", f"columns/{rows}/{cols}")
     g = rng_matrix(rng, rows, cols)
     launches, workspace = plans.column_sum_launches("g", "db", rows, cols, "ws")
@@ -276,13 +263,12 @@ def test_column_sums_through_the_plan(lib, rows, cols):
     if rows >= 5000:
         blocks, chunk = launches[0].grid[0], launches[0].args[4]
         assert len(launches) == 2 and (blocks >= plans.TARGET_BLOCKS // 2 or chunk < 2 * plans.MIN_CHUNK_ROWS)
-    buffers = {"g": g.ravel(), "db": np.full(cols, np.nan, np.float32), "ws": np.full(max(workspace, 1), np.nan, np.float32)}
-    for launch in launches:
-        source, target, r, c, chunk = launch.args
-        lib.host_linear_bwd_b(f32_ptr(buffers[source]), f32_ptr(buffers[target]), r, c, chunk, launch.block[0])
-    exact = g.astype(np.float64).sum(axis=0)
-    bound = (1 + rows / (1 - rows * 2.0**-24)) * 2.0**-24 * np.abs(g.astype(np.float64)).sum(axis=0) + 1e-37
-    assert (np.abs(buffers["db"] - exact) <= bound).all()
+    buffers = (Buffer("g", "input", "float32", rows * cols), Buffer("db", "output", "float32", cols))
+    buffers += (Buffer("ws", "workspace", "float32", workspace),) if workspace else ()
+    db = emu.run(LaunchPlan("linear", "backward", buffers, launches, output_shapes={"db": (cols,)}), {"g": g})["db"]
+    g64 = g.astype(np.float64)
+    result = compare(db, g64.sum(axis=0), np.abs(g64).sum(axis=0), get_spec("linear").vjp_error_for("b"), rows, True)
+    assert result.passed, result.reason
 
 
 # -- launch plans --------------------------------------------------------------------------------------
@@ -320,7 +306,7 @@ def test_large_sample_launch_configurations(key):
     spec = get_spec(op)
     sample = spec.samples("large", seeded_rng(op, "large"))[index]
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    forward, backward = PLANS_OF[op]
+    forward, backward = plans.PLANS[op]
     launches = forward(arrays, p).launches + backward(arrays, p).launches
     assert [(l.symbol, l.grid[0], l.block[0]) for l in launches] == LARGE_LAUNCHES[key]
 
@@ -328,7 +314,7 @@ def test_large_sample_launch_configurations(key):
 def test_planted_launch_faults_are_caught():
     spec = get_spec("matmul")
     arrays, p, _ = validate(spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32)
-    plan = PLANS_OF["matmul"][1](arrays, p)
+    plan = plans.PLANS["matmul"][1](arrays, p)
     launch = plan.launches[0]
     assert missed_faults(plan, symbols("matmul"), [
         ("2048 threads", {"block": (2048, 1, 1)}),
@@ -339,6 +325,6 @@ def test_planted_launch_faults_are_caught():
     ]) == []
     mse = get_spec("mse_loss")
     arrays, p, _ = validate(mse, {"pred": np.zeros(100_000, np.float32), "target": np.zeros(100_000, np.float32)}, {}, np.float32)
-    fwd = PLANS_OF["mse_loss"][0](arrays, p)
+    fwd = plans.PLANS["mse_loss"][0](arrays, p)
     stage = fwd.launches[1]
     assert missed_faults(fwd, symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1) == []

@@ -231,8 +231,8 @@ def test_parts_cover_each_range_once_in_order(lib):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir, max_grid=(3, 2))
+def emulator():
+    return family_emulator(max_grid=(3, 2))
 
 
 def emulated_cases(spec):

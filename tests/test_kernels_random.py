@@ -16,7 +16,8 @@ from capsule_core.plans import random as plans
 from family_checks import (build_problems, cases, family_ops, missed_faults, plan_case_problems, signature_problems,
                            symbols)
 from hostmath import f32_ptr, load
-from kernel_emu import PlanRunner, compiler, unwritten
+from kernel_emu import emulator as family_emulator
+from kernel_emu import unwritten
 
 FAMILY = "random"
 OPS = ("rand_uniform", "bernoulli_mask")
@@ -34,11 +35,9 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    """PlanRunner of the family at any grid cap: emulator(max_grid)."""
-    if compiler() is None:
-        pytest.skip("no C++ compiler (g++) for the emulator")
-    return lambda max_grid=4: PlanRunner(FAMILY, host_build_dir, (max_grid, max_grid))
+def emulator():
+    """PlanRunners of the family at any grid cap: emulator(max_grid)."""
+    return lambda max_grid=4: family_emulator((max_grid, max_grid))
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -35,8 +35,8 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir)
+def emulator():
+    return family_emulator()
 
 
 def _i64(n):

@@ -176,8 +176,8 @@ def test_chunks_cover_time_once_in_order(lib):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir, max_grid=(3, 2))
+def emulator():
+    return family_emulator(max_grid=(3, 2))
 
 
 def emulated_cases(spec):

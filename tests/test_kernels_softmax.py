@@ -36,8 +36,8 @@ def lib(host_build_dir):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir)
+def emulator():
+    return family_emulator()
 
 
 # -- build and entry points ---------------------------------------------------------------------

@@ -177,8 +177,8 @@ def test_bin_weights_and_scale(lib):
 
 
 @pytest.fixture(scope="module")
-def emulator(host_build_dir):
-    return family_emulator(FAMILY, host_build_dir, max_grid=(3, 2))
+def emulator():
+    return family_emulator(max_grid=(3, 2))
 
 
 def test_kernels_on_the_emulator(emulator):

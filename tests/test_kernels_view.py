@@ -84,16 +84,17 @@ HOST_CALLS = {
 
 @pytest.fixture(scope="module")
 def host(lib):
-    """Plans replayed by the host harness (kernel_emu.PlanMemory: guard bands, NaN-prefilled
-    outputs, every output written, inputs intact; no 16-byte access off alignment)."""
+    """Plans replayed by the host harness (kernel_emu.HostReplay through DeviceBackend.execute:
+    guard bands, sentinel-filled outputs, every output written, inputs intact; no 16-byte access
+    off alignment)."""
     return counted_replay(lib, HOST_CALLS)
 
 
 @pytest.fixture(scope="module")
-def emu(host_build_dir):
+def emu():
     """cuda/view.cu itself on the CPU emulator (every thread a fiber, real barriers and shuffles,
     grids capped at 4 blocks so that the grid-stride loops turn)."""
-    return family_emulator(FAMILY, host_build_dir)
+    return family_emulator()
 
 
 # -- every sample and edge, replayed on the host ------------------------------------------------------

@@ -65,34 +65,39 @@ class DeviceBackend:
             raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")
         return capsule, functions
 
-    def execute(self, capsule, plan, host: dict, outputs: dict) -> dict:
+    def execute(self, capsule, plan, host: dict, outputs: dict, misalign=None) -> dict:
         """Allocate every buffer of `plan`, upload `host` inputs and meta data, launch in order,
-        download the guarded outputs in place; returns the input buffers read back."""
+        download the guarded outputs in place; returns the input buffers read back. `misalign`
+        starts buffers off alignment, as tensors that are views at an offset are: the elements each
+        buffer starts past a 256-byte boundary of its allocation, {buffer name: elements} or a
+        function of the Buffer (default 0)."""
         symbols = {r.symbol: r for r in capsule.symbols}
         allocations, pointers = [], {}
+        shift = misalign if callable(misalign) else (lambda b: (misalign or {}).get(b.name, 0))
 
-        def alloc(nbytes):
-            address = self.allocate(max(int(nbytes), 16))
+        def alloc(nbytes, b):
+            lead = int(shift(b)) * np.dtype(DTYPES[b.dtype]).itemsize
+            address = self.allocate(max(lead + int(nbytes), 16))
             allocations.append(address)
-            return address
+            return address + lead
         try:
             for b in plan.buffers:
                 if b.name in plan.aliases:
                     continue
                 if b.role == "output":
                     guarded = outputs[b.name]
-                    address = alloc(guarded.full.nbytes)
+                    address = alloc(guarded.full.nbytes, b)
                     self.upload(address, guarded.full)
                     pointers[b.name] = address + 4 * GUARD_ELEMENTS
                 elif b.role in ("input", "meta"):
                     data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
                     data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
-                    address = alloc(data.nbytes)
+                    address = alloc(data.nbytes, b)
                     if data.size:
                         self.upload(address, data)
                     pointers[b.name] = address
                 else:
-                    pointers[b.name] = alloc(b.elements * np.dtype(DTYPES[b.dtype]).itemsize)
+                    pointers[b.name] = alloc(b.elements * np.dtype(DTYPES[b.dtype]).itemsize, b)
             for launch in plan.launches:
                 ref = symbols[launch.symbol]
                 params = [parse_param(p) for p in ref.params]
