@@ -16,3 +16,13 @@ CHECKS = {
     "bounds": "no write outside the outputs, every output element written",
     "inputs.intact": "every input buffer bitwise unchanged",
 }
+
+SANITIZER_CHECKS = {
+    "sanitize.memcheck": "no out-of-bounds or misaligned access, no undefined behaviour (AddressSanitizer, UBSan)",
+    "sanitize.racecheck": "no shared- or global-memory hazard between threads that no barrier orders (ThreadSanitizer)",
+    "sanitize.synccheck": "every barrier and shuffle reached by the whole block or warp",
+    "sanitize.initcheck": "no value read from memory no one wrote (valgrind)",
+}
+"""The checks of `verify --sanitize` (design §8): run only when asked, on the emulator."""
+
+ALL_CHECKS = {**CHECKS, **SANITIZER_CHECKS}

@@ -187,7 +187,8 @@ def verify_record(report) -> dict:
         "capsules": [{"name": c.capsule, "status": c.status.value, "seconds": round(c.seconds, 3),
                       "checks": [{"id": r.check, "status": r.status.value, "reason": r.reason,
                                   "worst": None if r.worst is None or not _finite(r.worst) else r.worst,
-                                  "case": r.case, "cases": r.cases, "repro": r.repro, "out_of_model": r.out_of_model}
+                                  "case": r.case, "cases": r.cases, "repro": r.repro, "out_of_model": r.out_of_model,
+                                  **({"details": r.details} if r.details else {})}
                                  for r in c.results]}
                      for c in report.capsules],
     }
@@ -202,8 +203,9 @@ def render_verify(report) -> str:
     its rerun line, then the totals."""
     from tabulate import tabulate
 
-    from .checks import CHECKS
-    ids = list(CHECKS)
+    from .checks import ALL_CHECKS, SANITIZER_CHECKS
+    ran = {r.check for c in report.capsules for r in c.results}
+    ids = [i for i in ALL_CHECKS if i not in SANITIZER_CHECKS or i in ran]
     rows = []
     for c in report.capsules:
         marks = {r.check: STATUS_MARK[r.status.value] for r in c.results}
@@ -211,7 +213,7 @@ def render_verify(report) -> str:
     headers = ["capsule", "status", *(i.replace("contract.", "").replace("value.special", "special")
                                       .replace("vjp.reference", "vjp.ref").replace("reduction.order", "order")
                                       .replace("inputs.intact", "intact").replace("selection.ties", "ties")
-                                      .replace("determinism", "determ") for i in ids)]
+                                      .replace("determinism", "determ").replace("sanitize.", "") for i in ids)]
     out = [tabulate(rows, headers=headers, tablefmt="simple")]
     problems = [(c.capsule, r) for c in report.capsules for r in c.results
                 if r.status.value in ("FAILED", "ERROR", "MISTRUSTED")]
@@ -253,7 +255,7 @@ def verify_junit(report) -> str:
                               skipped=str(sum(r.status.value in ("SKIPPED", "MISTRUSTED") for r in c.results)))
         for r in c.results:
             case = ET.SubElement(suite, "testcase", classname=c.capsule, name=r.check)
-            message = r.reason + (f" | rerun: {r.repro}" if r.repro else "")
+            message = r.reason + (f" | rerun: {r.repro}" if r.repro else "") + (f"\n\n{r.details}" if r.details else "")
             if r.status.value == "FAILED":
                 ET.SubElement(case, "failure", message=r.reason, type="FAILED").text = message
             elif r.status.value == "ERROR":

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .checks import CHECKS
+from .checks import ALL_CHECKS, CHECKS, SANITIZER_CHECKS
 from .errors import InputError
 from .execution import GuardedOutput, gradient_outputs
 from .model import KernelCapsule, ReductionPolicy, contracts_aligned
@@ -48,6 +48,8 @@ class Result:
     repro: str = ""
     out_of_model: int = 0
     """Elements never compared: their float32 intermediates overflow (numerics.out_of_model)."""
+    details: str = ""
+    """The whole text behind a one-line reason (a sanitizer's report)."""
 
 
 @dataclass(frozen=True)
@@ -516,6 +518,38 @@ class _Run:
         return Result("selection.ties", Status.PASSED, "each window's gradient goes to exactly one maximal cell",
                       cases=checked, repro=self.repro("selection.ties"))
 
+    def check_sanitizer(self, tool: str) -> Result:
+        """Every sample and edge case, forward and backward, through the kernels under `tool`: the
+        first finding fails the check with its trimmed report (the whole text in `details`)."""
+        from .sanitize import SanitizerFinding, backend_for
+        check = f"sanitize.{tool}"
+        if self.capsule.module != "native_cuda" or not self.capsule.symbols:
+            return Result(check, Status.SKIPPED, f"{self.capsule.name} launches no kernel")
+        backend = backend_for(tool)
+        runs = 0
+        for sample in self.samples():
+            try:
+                arrays, _, out_shape = validate(self.spec, sample.inputs, sample.params, np.float32)
+                backend.forward(self.spec, _copy_inputs(arrays), dict(sample.params), GuardedOutput(out_shape))
+                runs += 1
+                if self.spec.has_vjp:
+                    g = seeded_rng(self.spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
+                    backend.backward(self.spec, _copy_inputs(arrays), dict(sample.params), g,
+                                     gradient_outputs(self.spec, arrays))
+                    runs += 1
+            except SanitizerFinding as exc:
+                return Result(check, Status.FAILED, f"{sample.summary()}: {exc.finding.summary}", case=sample.case,
+                              cases=runs + 1, repro=self.sanitizer_repro(tool, sample.case), details=exc.finding.text)
+            except Exception as exc:  # the runner could not run the case: no verdict on it
+                return Result(check, Status.ERROR, f"{sample.summary()}: {type(exc).__name__}: {exc}", case=sample.case,
+                              cases=runs, repro=self.sanitizer_repro(tool, sample.case))
+        return Result(check, Status.PASSED, f"{runs} kernel runs (forward and backward) clean", cases=runs,
+                      repro=self.sanitizer_repro(tool))
+
+    def sanitizer_repro(self, tool: str, case: str | None = None) -> str:
+        line = f"capsules verify {self.spec.name} --check sanitize.{tool} --seed {self.seed}"
+        return line + (f" --case {case}" if case else "")
+
     def _tie_failure(self, case, o, what) -> Result:
         return Result("selection.ties", Status.FAILED, f"{case.sample.case} window {o}: {what}", case=case.sample.case,
                       repro=self.repro("selection.ties", case.sample.case))
@@ -552,9 +586,15 @@ def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[
 
 
 def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed: int = 0,
-                   checks: tuple[str, ...] | None = None, case: str | None = None) -> CapsuleReport:
+                   checks: tuple[str, ...] | None = None, case: str | None = None,
+                   sanitize: tuple[str, ...] = ()) -> CapsuleReport:
+    """The report of one capsule: the checks wanted (default: every contract check), then one
+    sanitize.<tool> check per sanitizer of `sanitize` (capsule_core.sanitize)."""
     start = time.perf_counter()
     wanted = set(checks or CHECKS)
+    asked = [c.split(".", 1)[1] for c in SANITIZER_CHECKS if c in wanted]
+    sanitize = tuple(dict.fromkeys((*sanitize, *asked)))
+    wanted -= set(SANITIZER_CHECKS)
     spec = get_spec(capsule.op.value)
     run = _Run(capsule, spec, backend, quick, seed, case)
     static = wanted & {"contract.aligned", "ffi.symbols", "launch.plan"}
@@ -576,6 +616,8 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
         for check_id, function in order:
             if check_id in dynamic:
                 results.append(function())
+        for tool in sanitize:
+            results.append(run.check_sanitizer(tool))
     except Exception as exc:
         if not getattr(exc, "poisoned", False):
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -583,21 +625,23 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
             detail = f"the CUDA context is poisoned: {exc}"
         done = {r.check for r in results}
         results += [Result(c, Status.ERROR, detail) for c in CHECKS if c in dynamic and c not in done]
-    order = list(CHECKS)
+        results += [Result(f"sanitize.{t}", Status.ERROR, detail) for t in sanitize if f"sanitize.{t}" not in done]
+    order = list(ALL_CHECKS)
     results.sort(key=lambda r: order.index(r.check))
     return CapsuleReport(capsule.name, tuple(results), time.perf_counter() - start)
 
 
-def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None, case=None) -> Iterator[CapsuleReport]:
+def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None, case=None,
+           sanitize: tuple[str, ...] = ()) -> Iterator[CapsuleReport]:
     """One CapsuleReport per capsule, as each finishes (so a caller can stop and keep the rest)."""
     for capsule in capsules:
-        yield verify_capsule(capsule, backend, quick=quick, seed=seed, checks=checks, case=case)
+        yield verify_capsule(capsule, backend, quick=quick, seed=seed, checks=checks, case=case, sanitize=sanitize)
 
 
 def capsule_report_from_record(record: dict) -> CapsuleReport:
     """A CapsuleReport back from the `capsules` section of verify's JSON (for --isolate)."""
     results = tuple(Result(c["id"], Status(c["status"]), c["reason"], c["worst"], c["case"], c["cases"], c["repro"],
-                           c["out_of_model"]) for c in record["checks"])
+                           c["out_of_model"], c.get("details", "")) for c in record["checks"])
     return CapsuleReport(record["name"], results, record["seconds"])
 
 

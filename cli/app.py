@@ -10,7 +10,8 @@ import typer
 from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
 from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
-from cli.options import ArchOption, BackendOption, unwritable_outputs
+from cli.options import ArchOption, BackendOption, optional_option_values, unwritable_outputs
+from cli.parallel_options import DevicesOption, JobsOption, RayOption, collect, spread
 
 app = typer.Typer(
     name="capsules",
@@ -251,12 +252,20 @@ def verify(
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Exit 3 unless the run is on a GPU.")] = False,
     isolate: Annotated[bool, typer.Option("--isolate", help="Each capsule in its own process.")] = False,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop after the first capsule that fails.")] = False,
+    jobs: JobsOption = None,
+    devices: DevicesOption = None,
+    ray: RayOption = None,
+    sanitize: Annotated[Optional[str], typer.Option(
+        "--sanitize", metavar="[TOOLS]", help="Also run the kernels under sanitizers on the emulator, each a check "
+                                              "sanitize.TOOL: a comma list of memcheck, racecheck, synccheck, initcheck; "
+                                              "alone: all four.")] = None,
 ):
     """Check every contract claim of the named capsules on a backend.
 
     Checks: contract.aligned, ffi.symbols, launch.plan, shape.guard, value, value.special, vjp,
     vjp.reference, reduction.order, determinism, rng, selection.ties, bounds, inputs.intact.
-    Exit 0 when nothing failed, 1 on a FAILED or ERROR check, 3 when the backend is missing.
+    With --sanitize: sanitize.memcheck, sanitize.racecheck, sanitize.synccheck, sanitize.initcheck.
+    Exit 0 when nothing failed, 1 on a FAILED or ERROR check, 3 when the backend or a sanitizer is missing.
 
     Example: capsules verify softmax relu --backend numpy --junit report.xml
     """
@@ -265,13 +274,14 @@ def verify(
     from capsule_core import native_cuda, registry, report
     from capsule_core import verify as engine
     from capsule_core.backends.select import resolve
-    from capsule_core.checks import CHECKS
+    from capsule_core.checks import ALL_CHECKS
 
     if not names and not all_:
         raise fail("NAME: give capsule names or --all", EXIT_USAGE)
-    unknown_checks = [c for c in check or () if c not in CHECKS]
+    unknown_checks = [c for c in check or () if c not in ALL_CHECKS]
     if unknown_checks:
-        raise fail(f"--check: unknown check {', '.join(unknown_checks)} (checks: {', '.join(CHECKS)})", EXIT_USAGE)
+        raise fail(f"--check: unknown check {', '.join(unknown_checks)} (checks: {', '.join(ALL_CHECKS)})", EXIT_USAGE)
+    tools = sanitizer_tools(sanitize, check)
     try:
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
     except UnknownNameError as exc:
@@ -286,21 +296,33 @@ def verify(
     if require_gpu and chosen.name != "cuda":
         raise fail(f"--require-gpu: {note}", EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
+    if tools:
+        typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
+    where = spread(chosen.name, jobs, devices, ray, len(capsules))
+    if where is not None:
+        from capsule_core import parallel
+        typer.echo(parallel.describe(where), err=True)
     result = engine.VerifyReport(chosen.name, note, seed, quick)
     child_argv = ["--backend", chosen.name, "--device", str(device), "--seed", str(seed), *(["--quick"] if quick else []),
-                  *[a for c in check or () for a in ("--check", c)], *(["--case", case] if case else [])]
+                  *[a for c in check or () for a in ("--check", c)], *(["--case", case] if case else []),
+                  *([f"--sanitize={','.join(tools)}"] if tools else [])]
     start = clock.perf_counter()
     try:
         with _progress() as progress:
             task = progress.add_task("verify", total=len(capsules)) if progress else None
-            for capsule in capsules:
+            if where is not None:
+                collect(parallel.verify(capsules, where, fresh=isolate, quick=quick, seed=seed,
+                                        checks=tuple(check) if check else None, case=case, sanitize=tools),
+                        result.capsules, progress, task,
+                        stop=lambda one: fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR))
+            for capsule in capsules if where is None else ():
                 if progress:
                     progress.update(task, description=f"verify {capsule.op.value}")
                 if isolate:
                     one = engine.isolated(capsule, child_argv)
                 else:
                     one = engine.verify_capsule(capsule, chosen, quick=quick, seed=seed,
-                                                checks=tuple(check) if check else None, case=case)
+                                                checks=tuple(check) if check else None, case=case, sanitize=tools)
                 result.capsules.append(one)
                 if progress:
                     progress.advance(task)
@@ -312,6 +334,24 @@ def verify(
     typer.echo(report.render_verify(result))
     _write_reports(result, json_file, junit_file)
     raise typer.Exit(result.exit_code)
+
+
+def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tuple[str, ...]:
+    """The sanitizers asked for by --sanitize (a comma list, or all) and --check sanitize.TOOL,
+    each usable here (exit 2 for an unknown tool, 3 for one this machine cannot run)."""
+    from capsule_core.sanitize import TOOLS, unavailable
+    asked = [] if sanitize is None else list(TOOLS) if sanitize == "all" else [t.strip() for t in sanitize.split(",") if t.strip()]
+    unknown = [t for t in asked if t not in TOOLS]
+    if unknown or (sanitize is not None and not asked):
+        raise fail(f"--sanitize: unknown tool {', '.join(unknown) or repr(sanitize)} (tools: {', '.join(TOOLS)}, or all)",
+                   EXIT_USAGE)
+    asked += [c.split(".", 1)[1] for c in check or () if c.startswith("sanitize.")]
+    tools = tuple(dict.fromkeys(asked))
+    for tool in tools:
+        why = unavailable(tool)
+        if why:
+            raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
+    return tools
 
 
 @app.command()
@@ -346,6 +386,8 @@ app.command()(plan)
 
 def main():
     """Console-script entry point: library errors become one line and an exit code, never a traceback."""
+    import sys
+    sys.argv[1:] = optional_option_values(sys.argv[1:])
     try:
         app()
     except EnvironmentMissing as exc:

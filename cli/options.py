@@ -32,3 +32,22 @@ def unwritable_outputs(files: dict, folders: dict | None = None) -> str | None:
         if reason:
             return f"{option}: cannot write into {path}: {reason}"
     return None
+
+
+OPTIONAL_VALUES = {"--sanitize": ("all", ("memcheck", "racecheck", "synccheck", "initcheck", "all"))}
+"""Options whose value may be left out: option -> (the value it then takes, the words a value is made of)."""
+
+
+def optional_option_values(argv: list[str]) -> list[str]:
+    """argv with `--sanitize` given no value (last, or followed by an option or by a word that is
+    neither a tool nor a comma list) written `--sanitize=all`: click options always take a value."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in OPTIONAL_VALUES:
+            default, words = OPTIONAL_VALUES[arg]
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or following.startswith("-") or ("," not in following and following not in words):
+                out.append(f"{arg}={default}")
+                continue
+        out.append(arg)
+    return out

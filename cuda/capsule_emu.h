@@ -17,8 +17,11 @@
 //   (the build instruments every typed access with -fsanitize=alignment; the handler is here);
 // - shared memory, static and dynamic, holds a NaN pattern at the start of every block, as a GPU
 //   holds stale bits, so a read before a write cannot pass for zeros.
-// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE and, for racecheck,
-// CAPSULE_EMU_TSAN: fibers then switch through ucontext, announced to the sanitizer runtime.
+// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers then switch
+// through ucontext, which the runtimes understand) and, for racecheck, CAPSULE_EMU_TSAN (every
+// thread a TSan fiber, barriers and shuffles release/acquire among their participants, a launch
+// boundary orders everything), or, for initcheck, CAPSULE_EMU_VALGRIND (shared memory undefined at
+// the start of every block).
 #pragma once
 
 #include <cmath>
@@ -34,6 +37,10 @@
 #if defined(CAPSULE_EMU_SANITIZE) || !defined(__x86_64__)
 #define CAPSULE_EMU_UCONTEXT 1
 #include <ucontext.h>
+#endif
+#if defined(CAPSULE_EMU_VALGRIND)
+#include <valgrind/memcheck.h>
+#include <valgrind/valgrind.h>
 #endif
 
 #define __CUDA_ARCH__ 900
@@ -145,6 +152,7 @@ inline void __stwt(T* p, T v) { *p = v; }
 // -- the scheduler ------------------------------------------------------------------------------
 
 #if defined(CAPSULE_EMU_TSAN)
+#include <sys/mman.h>
 extern "C" {
 void* __tsan_get_current_fiber(void);
 void* __tsan_create_fiber(unsigned flags);
@@ -153,11 +161,32 @@ void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 void __tsan_set_fiber_name(void* fiber, const char* name);
 void __tsan_acquire(void* addr);
 void __tsan_release(void* addr);
+void AnnotateIgnoreReadsBegin(const char* file, int line);
+void AnnotateIgnoreReadsEnd(const char* file, int line);
+void AnnotateIgnoreWritesBegin(const char* file, int line);
+void AnnotateIgnoreWritesEnd(const char* file, int line);
 }
 #define CAPSULE_EMU_INTERNAL __attribute__((no_sanitize("thread"), noinline))
 #else
 #define CAPSULE_EMU_INTERNAL
 #endif
+
+namespace capsule_emu {
+// The emulator's own memory traffic, unseen by racecheck (callees included): only the kernels'
+// accesses are the subject; the scheduler writes state between fibers that TSan cannot order.
+struct Unobserved {
+#if defined(CAPSULE_EMU_TSAN)
+    Unobserved() {
+        AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+        AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
+    ~Unobserved() {
+        AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+        AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    }
+#endif
+};
+}  // namespace capsule_emu
 
 #if !defined(CAPSULE_EMU_UCONTEXT)
 // capsule_emu_switch(&save, to): saves the callee-saved registers, the SSE and x87 control words
@@ -251,6 +280,8 @@ struct State {
     char launch_begin = 0, launch_end = 0;
 #endif
     std::vector<std::vector<char>> stacks;
+    char* stack_map = nullptr;  // racecheck: the block's stacks, one mapping, unmapped after the block
+    size_t stack_map_bytes = 0;
     std::vector<Fiber> fibers;
     Barrier* block_barrier = nullptr;
     std::vector<Warp>* warps = nullptr;
@@ -272,7 +303,7 @@ inline std::string dims(dim3 d) {
     return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
 }
 
-inline std::string where() {
+CAPSULE_EMU_INTERNAL inline std::string where() {
     std::string s = std::string(state.kernel) + " block " + dims(state.block_index);
     if (state.current) s += " thread " + dims(state.current->thread);
     return s;
@@ -324,12 +355,14 @@ CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
 
 // Ends the launch with `message` (the first error of a launch is kept); never returns.
 [[noreturn]] CAPSULE_EMU_INTERNAL inline void abort_launch(const std::string& message) {
+    Unobserved quiet;
     if (state.error.empty()) state.error = message;
     state.aborted = true;
     for (;;) to_scheduler();
 }
 
 CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& site) {
+    Unobserved quiet;
     if (b.arrived == 0) {
         b.kind = kind;
         b.site = site;
@@ -355,11 +388,12 @@ CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& 
 #endif
 }
 
-inline void sync_block(const Site& site) { wait(*state.block_barrier, "__syncthreads", site); }
+CAPSULE_EMU_INTERNAL inline void sync_block(const Site& site) { wait(*state.block_barrier, "__syncthreads", site); }
 
-inline Warp& my_warp() { return (*state.warps)[state.current->linear >> 5]; }
+CAPSULE_EMU_INTERNAL inline Warp& my_warp() { return (*state.warps)[state.current->linear >> 5]; }
 
 CAPSULE_EMU_INTERNAL inline uint64_t exchange(uint64_t bits, unsigned source_lane, const char* kind, const Site& site) {
+    Unobserved quiet;
     const unsigned lane = state.current->linear & 31u;
     Warp& w = my_warp();
     wait(w.barrier, kind, site);  // every lane has finished reading the previous exchange
@@ -379,7 +413,8 @@ inline T shuffle(T v, unsigned source_lane, const char* kind, const Site& site) 
     return r;
 }
 
-inline void check_mask(unsigned mask, const char* kind, const Site& site) {
+CAPSULE_EMU_INTERNAL inline void check_mask(unsigned mask, const char* kind, const Site& site) {
+    Unobserved quiet;
     const unsigned size = my_warp().barrier.size;
     const unsigned full = size == 32 ? 0xffffffffu : (1u << size) - 1u;
     if (mask != full)
@@ -403,8 +438,8 @@ CAPSULE_EMU_INTERNAL inline void fiber_main() {
 #if !defined(CAPSULE_EMU_UCONTEXT)
 // A new fiber's stack as capsule_emu_switch leaves a saved one: control words, six zeroed
 // registers, and fiber_main as the return address (the stack 16-byte aligned as after a call).
-inline void* initial_stack(std::vector<char>& stack) {
-    uintptr_t top = (reinterpret_cast<uintptr_t>(stack.data()) + stack.size()) & ~uintptr_t(15);
+inline void* initial_stack(char* stack) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + kStackBytes) & ~uintptr_t(15);
     auto* sp = reinterpret_cast<uint64_t*>(top - 72);
     sp[0] = 0x1F80u | (uint64_t(0x037Fu) << 32);
     for (int i = 1; i <= 6; ++i) sp[i] = 0;
@@ -413,14 +448,22 @@ inline void* initial_stack(std::vector<char>& stack) {
 }
 #endif
 
-inline void fill_shared() {
+// Unchecked by memcheck: the section holds AddressSanitizer's red zones between the variables.
+__attribute__((no_sanitize("address"))) CAPSULE_EMU_INTERNAL inline void fill_shared() {
+#if defined(CAPSULE_EMU_VALGRIND)
+    // initcheck: shared memory is undefined at the start of every block, as far as valgrind knows.
+    if (__start_capsule_emu_shared && __stop_capsule_emu_shared)
+        VALGRIND_MAKE_MEM_UNDEFINED(__start_capsule_emu_shared, __stop_capsule_emu_shared - __start_capsule_emu_shared);
+    VALGRIND_MAKE_MEM_UNDEFINED(state.dynamic_shared.data(), state.dynamic_shared.size());
+    return;
+#endif
     if (__start_capsule_emu_shared && __stop_capsule_emu_shared) {
         for (char* p = __start_capsule_emu_shared; p + 4 <= __stop_capsule_emu_shared; p += 4) std::memcpy(p, &kSharedFill, 4);
     }
     for (size_t i = 0; i + 4 <= state.dynamic_shared.size(); i += 4) std::memcpy(&state.dynamic_shared[i], &kSharedFill, 4);
 }
 
-inline std::string deadlock_report() {
+CAPSULE_EMU_INTERNAL inline std::string deadlock_report() {
     std::vector<unsigned> exited;
     for (const Fiber& f : state.fibers)
         if (f.done) exited.push_back(f.linear);
@@ -446,7 +489,7 @@ inline std::string deadlock_report() {
 }
 
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
-inline bool run_block(unsigned n) {
+CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     state.fibers.assign(n, Fiber{});
     if (state.stacks.size() < n) state.stacks.resize(n);
     Barrier block_barrier;
@@ -455,27 +498,59 @@ inline bool run_block(unsigned n) {
     for (unsigned w = 0; w < warps.size(); ++w) warps[w].barrier.size = (w + 1) * 32 <= n ? 32 : n - w * 32;
     state.block_barrier = &block_barrier;
     state.warps = &warps;
+#if defined(CAPSULE_EMU_TSAN)
+    // Every block its own shared memory, as far as TSan knows: fresh pages and a fresh allocation
+    // reset its shadow, so one block's accesses never pair with the previous block's.
+    if (__stop_capsule_emu_shared > __start_capsule_emu_shared &&
+        mmap(__start_capsule_emu_shared, __stop_capsule_emu_shared - __start_capsule_emu_shared, PROT_READ | PROT_WRITE,
+             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+        std::abort();
+    state.dynamic_shared = std::vector<unsigned char>(state.dynamic_shared.size());
+#endif
     fill_shared();
     for (unsigned t = 0; t < n; ++t) {
         Fiber& f = state.fibers[t];
         f.thread = dim3{t % state.block_dim.x, (t / state.block_dim.x) % state.block_dim.y,
                         t / (state.block_dim.x * state.block_dim.y)};
         f.linear = t;
+#if defined(CAPSULE_EMU_TSAN)
+        // Fresh stacks for every block: a reused stack would look to TSan like one thread writing
+        // where another wrote before, unordered (mmap and munmap reset its shadow).
+        if (t == 0) {
+            state.stack_map_bytes = size_t(n) * kStackBytes;
+            state.stack_map = static_cast<char*>(mmap(nullptr, state.stack_map_bytes, PROT_READ | PROT_WRITE,
+                                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+            if (state.stack_map == MAP_FAILED) std::abort();
+        }
+        char* stack_base = state.stack_map + size_t(t) * kStackBytes;
+#else
         std::vector<char>& stack = state.stacks[t];
-        if (stack.size() != kStackBytes) stack.assign(kStackBytes, 0);
+        if (stack.size() != kStackBytes) {
+            stack.assign(kStackBytes, 0);
+#if defined(CAPSULE_EMU_VALGRIND)
+            VALGRIND_STACK_REGISTER(stack.data(), stack.data() + stack.size());
+#endif
+        }
+        char* stack_base = stack.data();
+#endif
 #if defined(CAPSULE_EMU_UCONTEXT)
         getcontext(&f.context);
-        f.context.uc_stack.ss_sp = stack.data();
+        f.context.uc_stack.ss_sp = stack_base;
         f.context.uc_stack.ss_size = kStackBytes;
         f.context.uc_link = nullptr;
         makecontext(&f.context, &fiber_main, 0);
 #else
-        f.sp = initial_stack(stack);
+        f.sp = initial_stack(stack_base);
 #endif
 #if defined(CAPSULE_EMU_TSAN)
         f.tsan = __tsan_create_fiber(0);
+        const std::string name = "block " + dims(state.block_index) + " thread " + dims(f.thread);
+        __tsan_set_fiber_name(f.tsan, name.c_str());  // copied by TSan
 #endif
     }
+#if defined(CAPSULE_EMU_TSAN)
+    __tsan_release(&state.launch_begin);  // the block's set-up (its stacks) before its threads
+#endif
     bool ok = true;
     for (unsigned live = n; live > 0 && ok;) {
         state.progress = false;
@@ -497,7 +572,9 @@ inline bool run_block(unsigned n) {
     }
     state.current = nullptr;
 #if defined(CAPSULE_EMU_TSAN)
-    for (Fiber& f : state.fibers) __tsan_destroy_fiber(f.tsan);
+    for (Fiber& f : state.fibers)
+        if (f.done) __tsan_destroy_fiber(f.tsan);  // an abandoned one is inside the emulator, ignores on
+    munmap(state.stack_map, state.stack_map_bytes);
 #endif
     return ok;
 }
@@ -511,6 +588,7 @@ void call_body(const void* data) {
 // state.error set when a barrier diverged, a thread trapped or an access was misaligned.
 template <class... P, class... A>
 bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*kernel)(P...), A... args) {
+    Unobserved quiet;
     state.kernel = name;
     state.error.clear();
     state.aborted = false;
@@ -523,7 +601,6 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
     state.body_data = &body;
 #if defined(CAPSULE_EMU_TSAN)
     state.host_fiber = __tsan_get_current_fiber();
-    __tsan_release(&state.launch_begin);
 #endif
     const unsigned n = block.x * block.y * block.z;
     bool ok = true;
@@ -541,17 +618,27 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
 
 }  // namespace capsule_emu
 
-#define threadIdx (capsule_emu::state.current->thread)
-#define blockIdx (capsule_emu::state.block_index)
-#define blockDim (capsule_emu::state.block_dim)
-#define gridDim (capsule_emu::state.grid_dim)
+namespace capsule_emu {
+// What kernel code reads of the emulator's state, through functions racecheck does not instrument
+// (the scheduler writes it between fibers; that is no race of the kernel's).
+CAPSULE_EMU_INTERNAL inline dim3 thread_idx() { return state.current->thread; }
+CAPSULE_EMU_INTERNAL inline dim3 block_idx() { return state.block_index; }
+CAPSULE_EMU_INTERNAL inline dim3 block_dim() { return state.block_dim; }
+CAPSULE_EMU_INTERNAL inline dim3 grid_dim() { return state.grid_dim; }
+CAPSULE_EMU_INTERNAL inline unsigned lane() { return state.current->linear & 31u; }
+}  // namespace capsule_emu
+
+#define threadIdx (capsule_emu::thread_idx())
+#define blockIdx (capsule_emu::block_idx())
+#define blockDim (capsule_emu::block_dim())
+#define gridDim (capsule_emu::grid_dim())
 #define warpSize 32
 
 // The block's dynamic shared memory and its size (common.cuh takes these from the emulator).
-inline unsigned char* capsule_emu_dynamic_shared() {
+CAPSULE_EMU_INTERNAL inline unsigned char* capsule_emu_dynamic_shared() {
     return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(capsule_emu::state.dynamic_shared.data()) + 15) & ~uintptr_t(15));
 }
-inline unsigned capsule_emu_dynamic_shared_bytes() { return capsule_emu::state.dynamic_bytes; }
+CAPSULE_EMU_INTERNAL inline unsigned capsule_emu_dynamic_shared_bytes() { return capsule_emu::state.dynamic_bytes; }
 
 inline void __syncthreads(capsule_emu::Site site = capsule_emu::Site::current()) { capsule_emu::sync_block(site); }
 
@@ -567,14 +654,14 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, capsule_emu::Site site = cap
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int offset, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
     capsule_emu::check_mask(mask, "__shfl_xor_sync", site);
-    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned lane = capsule_emu::lane();
     return capsule_emu::shuffle(v, lane ^ static_cast<unsigned>(offset), "__shfl_xor_sync", site);
 }
 
 template <class T>
 inline T __shfl_sync(unsigned mask, T v, int src, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
     capsule_emu::check_mask(mask, "__shfl_sync", site);
-    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned lane = capsule_emu::lane();
     const unsigned base = lane & ~static_cast<unsigned>(width - 1);
     return capsule_emu::shuffle(v, base + (static_cast<unsigned>(src) & static_cast<unsigned>(width - 1)), "__shfl_sync", site);
 }
@@ -583,7 +670,7 @@ template <class T>
 inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
                           capsule_emu::Site site = capsule_emu::Site::current()) {
     capsule_emu::check_mask(mask, "__shfl_down_sync", site);
-    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned lane = capsule_emu::lane();
     const unsigned in_group = lane & static_cast<unsigned>(width - 1);
     return capsule_emu::shuffle(v, in_group + delta < static_cast<unsigned>(width) ? lane + delta : lane, "__shfl_down_sync", site);
 }
@@ -591,7 +678,7 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
 template <class T>
 inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, capsule_emu::Site site = capsule_emu::Site::current()) {
     capsule_emu::check_mask(mask, "__shfl_up_sync", site);
-    const unsigned lane = capsule_emu::state.current->linear & 31u;
+    const unsigned lane = capsule_emu::lane();
     const unsigned in_group = lane & static_cast<unsigned>(width - 1);
     return capsule_emu::shuffle(v, in_group >= delta ? lane - delta : lane, "__shfl_up_sync", site);
 }

@@ -153,7 +153,7 @@ class CudaBackend(DeviceBackend):
 
     def allocate(self, nbytes: int) -> int:
         with self._driver(f"allocating {nbytes} bytes"):
-            allocation = self.drv.mem_alloc(int(nbytes))
+            allocation = self.drv.mem_alloc(max(int(nbytes), 16))
         self._allocations[int(allocation)] = allocation
         return int(allocation)
 

@@ -26,6 +26,9 @@ class DeviceBackend:
 
     name = "device"
     description = "a device"
+    guard_bands = True
+    """Outputs inside guard bands, pre-filled with the sentinel; False (a sanitizer's device): each
+    output its own exact-size allocation, left as the device gives it, the sanitizer the guard."""
 
     def __init__(self):
         self.launch_count = 0
@@ -77,18 +80,20 @@ class DeviceBackend:
 
         def alloc(nbytes, b):
             lead = int(shift(b)) * np.dtype(DTYPES[b.dtype]).itemsize
-            address = self.allocate(max(lead + int(nbytes), 16))
+            address = self.allocate(lead + int(nbytes))
             allocations.append(address)
             return address + lead
         try:
             for b in plan.buffers:
                 if b.name in plan.aliases:
                     continue
-                if b.role == "output":
+                if b.role == "output" and self.guard_bands:
                     guarded = outputs[b.name]
                     address = alloc(guarded.full.nbytes, b)
                     self.upload(address, guarded.full)
                     pointers[b.name] = address + 4 * GUARD_ELEMENTS
+                elif b.role == "output":
+                    pointers[b.name] = alloc(outputs[b.name].view.nbytes, b)
                 elif b.role in ("input", "meta"):
                     data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
                     data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
@@ -107,7 +112,10 @@ class DeviceBackend:
             self.synchronize()
             for b in plan.buffers:
                 if b.role == "output" and b.name not in plan.aliases:
-                    self.download(outputs[b.name].full, pointers[b.name] - 4 * GUARD_ELEMENTS)
+                    if self.guard_bands:
+                        self.download(outputs[b.name].full, pointers[b.name] - 4 * GUARD_ELEMENTS)
+                    elif outputs[b.name].size:
+                        self.download(outputs[b.name].view, pointers[b.name])
             for out, src in plan.aliases.items():
                 view = outputs[out].view
                 if view.size:

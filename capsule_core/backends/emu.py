@@ -125,14 +125,17 @@ def family_refs(family: str) -> list:
     return list(seen.values())
 
 
-def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...]) -> str:
+def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...], family_dir: Path) -> str:
     from ..kernels import cuda_source_dir, source_closure
     source_dir = cuda_source_dir()
     digest = hashlib.sha256()
     digest.update(f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
                   f"flags={' '.join(flags)}\n".encode())
     digest.update(driver.encode())
-    paths = set(source_closure(source_dir / f"{family}.cu")) | {source_dir / EMULATOR_HEADER, source_dir / LINKER_SCRIPT}
+    paths = set(source_closure(family_dir / f"{family}.cu")) | set(source_closure(source_dir / EMULATOR_HEADER)) | {
+        source_dir / LINKER_SCRIPT}
+    if "capsule_emu_runner.h" in driver:
+        paths.add(source_dir / "capsule_emu_runner.h")
     for path in sorted(paths, key=lambda p: p.name):
         digest.update(f"{path.name}\n".encode())
         digest.update(path.read_bytes())
@@ -147,13 +150,16 @@ class EmuBuild:
 
 
 def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source: str = "",
-                 output: str = "libfamily.so") -> EmuBuild:
+                 output: str = "libfamily.so", family_dir: Path | None = None, refs=None) -> EmuBuild:
     """cuda/<family>.cu built for the CPU with its dispatch table (plus `extra_source`, e.g. a
-    runner's main), from the content-hash cache when an intact build is there."""
+    runner's main), from the content-hash cache when an intact build is there. `family_dir` and
+    `refs`: another folder's <family>.cu and its entry points (kernels that are not the registry's,
+    e.g. planted defects in tests), built against this package's emulator and headers."""
     from ..kernels import cache_dir, cuda_source_dir
     compiler = find_host_compiler()
-    driver = dispatch_source(family, family_refs(family)) + extra_source
-    key = build_key(family, driver, compiler, flags)
+    family_dir = Path(family_dir) if family_dir else cuda_source_dir()
+    driver = dispatch_source(family, refs if refs is not None else family_refs(family)) + extra_source
+    key = build_key(family, driver, compiler, flags, family_dir)
     entry = cache_dir() / "emu" / f"{family}-{key}"
     target = entry / output
     if target.is_file():
@@ -165,8 +171,9 @@ def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source:
         out = work / "entry"
         out.mkdir()
         (out / "dispatch.cpp").write_text(driver)
-        cmd = [str(compiler.path), *flags, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(source_dir),
-               "-o", str(out / output), str(out / "dispatch.cpp"), f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
+        cmd = [str(compiler.path), *flags, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(family_dir),
+               "-I", str(source_dir), "-o", str(out / output), str(out / "dispatch.cpp"),
+               f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmuBuildError(f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
@@ -181,8 +188,8 @@ def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source:
 
 
 @lru_cache(maxsize=None)
-def load_family(family: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_family(family).path))
+def load_family(family: str, family_dir: Path | None = None, refs: tuple | None = None) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build_family(family, family_dir=family_dir, refs=refs).path))
     lib.capsule_emu_run.restype = ctypes.c_int
     lib.capsule_emu_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint64)]
     lib.capsule_emu_error.restype = ctypes.c_char_p
@@ -205,8 +212,10 @@ class EmuBackend(DeviceBackend):
 
     name = "emu"
 
-    def __init__(self):
+    def __init__(self, family_dir: Path | None = None, refs: tuple | None = None):
+        """`family_dir` and `refs`: kernels of another folder (build_family), for planted defects."""
         super().__init__()
+        self.family_dir, self.refs = family_dir, refs
         self.compiler = find_host_compiler()
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
         self._memory: dict[int, np.ndarray] = {}
@@ -234,7 +243,7 @@ class EmuBackend(DeviceBackend):
 
     def launch(self, ref, grid, block, shared_bytes, args):
         family = Path(ref.path).stem
-        lib = load_family(family)
+        lib = load_family(family, self.family_dir, self.refs)
         dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))
         words = argument_words(args)
         status = lib.capsule_emu_run(ref.symbol.encode(), dims, words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))

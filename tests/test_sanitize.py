@@ -1,0 +1,117 @@
+"""`capsules verify --sanitize` on planted defects: each of compute-sanitizer's four tools, run on the
+emulator, finds its own kind of bug and no other tool reports it as its finding; the real kernels
+are clean. Runners are built for a small planted family (tests/sanitize/planted.cu) so the builds
+stay quick; the SGEMM test patches a copy of cuda/linalg.cu."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from capsule_core import sanitize
+from capsule_core.backends.device import SCALAR_TYPES
+from capsule_core.kernels import cuda_source_dir
+from capsule_core.model import NativeSymbolRef
+
+PLANTED = r'''
+#include <cstdint>
+// A read one past the end that changes no value.
+extern "C" __global__ void capsule_planted_oob(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    const int64_t i = threadIdx.x;
+    if (i < n) y[i] = x[i];
+    if (i == n - 1) {
+        volatile float past = x[n];
+        (void)past;
+    }
+}
+// Thread t reads what thread t - 1 wrote to shared memory, with no barrier between: the
+// round-robin schedule gives the right values, a GPU need not.
+extern "C" __global__ void capsule_planted_race(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    __shared__ float s[64];
+    const int64_t i = threadIdx.x;
+    s[i] = x[i];
+    y[i] = s[i > 0 ? i - 1 : 0];
+}
+// A barrier inside a branch that part of the block takes.
+extern "C" __global__ void capsule_planted_divergent(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    const int64_t i = threadIdx.x;
+    if (i < n / 2) __syncthreads();
+    y[i] = x[i];
+}
+// A read of shared memory before any thread wrote it; the value reaches the output.
+extern "C" __global__ void capsule_planted_uninit(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    __shared__ float s[64];
+    const int64_t i = threadIdx.x;
+    const float early = s[i];
+    __syncthreads();
+    s[i] = x[i];
+    __syncthreads();
+    y[i] = s[i] + 0.0f * early;
+}
+'''
+PARAMS = ("const float* __restrict__ x", "float* __restrict__ y", "int64_t n")
+DEFECTS = {"oob": "memcheck", "race": "racecheck", "divergent": "synccheck", "uninit": "initcheck"}
+N = 64
+
+pytestmark = pytest.mark.skipif(sanitize.unavailable("synccheck") is not None, reason="no C++ compiler for the emulator")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("planted")
+    (folder / "planted.cu").write_text(PLANTED)
+    refs = tuple(NativeSymbolRef("cuda/planted.cu", f"capsule_planted_{d}", PARAMS) for d in DEFECTS)
+    return folder, refs
+
+
+def run_planted(tool, defect, folder, refs):
+    """x -> y through the planted kernel under `tool`, through the device calls verify makes."""
+    why = sanitize.unavailable(tool)
+    if why:
+        pytest.skip(why)
+    backend = sanitize.backend_for(tool, folder, refs)
+    x = np.arange(N, dtype=np.float32)
+    xa, ya = backend.allocate(x.nbytes), backend.allocate(x.nbytes)
+    if isinstance(backend, sanitize.SanitizedBackend):
+        backend.names = {xa // backend._SPAN: "x", ya // backend._SPAN: "y"}
+    backend.upload(xa, x)
+    ref = next(r for r in refs if r.symbol == f"capsule_planted_{defect}")
+    backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, [np.uintp(xa), np.uintp(ya), SCALAR_TYPES["int64_t"](N)])
+    backend.synchronize()
+    y = np.empty(N, np.float32)
+    backend.download(y, ya)
+    return y
+
+
+EXPECTED = {
+    "memcheck": "heap-buffer-overflow: read of 4 bytes at buffer x (256 bytes) byte 256 in capsule_planted_oob block "
+                "(0,0,0) thread (63,0,0) at planted.cu:",
+    "racecheck": "data race on shared memory: read at planted.cu:18 by block (0,0,0) thread (1,0,0) and write at "
+                 "planted.cu:17 by block (0,0,0) thread (0,0,0); no barrier orders them",
+    "synccheck": "capsule_planted_divergent block (0,0,0): __syncthreads at planted.cu:",
+    "initcheck": "buffer y (256 bytes) byte 0 holds bytes read from shared memory that no one wrote",
+}
+
+
+@pytest.mark.parametrize("tool", sanitize.TOOLS)
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_each_defect_is_found_by_exactly_its_tool(planted, tool, defect):
+    folder, refs = planted
+    if DEFECTS[defect] == tool:
+        with pytest.raises(sanitize.SanitizerFinding) as found:
+            run_planted(tool, defect, folder, refs)
+        finding = found.value.finding
+        assert finding.tool == tool and finding.text
+        assert finding.summary.startswith(EXPECTED[tool]), finding.summary
+    elif defect == "divergent":
+        with pytest.raises(sanitize.KernelFault, match="reached by threads 0-31 of 64"):
+            run_planted(tool, defect, folder, refs)  # the launch cannot complete: no finding of this tool
+    else:
+        y = run_planted(tool, defect, folder, refs)
+        x = np.arange(N, dtype=np.float32)
+        if defect == "oob":
+            assert np.array_equal(y, x)
+        elif defect == "race":
+            assert np.array_equal(y, np.maximum(x - 1, 0))
