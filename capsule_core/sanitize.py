@@ -314,3 +314,41 @@ def _failure(tool: str, stderr: str, code: int, names: dict) -> Exception:
         return KernelFault(own.group(1))
     tail = "\n".join(stderr.strip().splitlines()[-5:])
     return KernelFault(f"the {tool} runner exited with {code}: {tail}")
+
+
+@dataclass(frozen=True)
+class GpuSanitizerOutcome:
+    status: str
+    """"finding", "clean" or "skipped"."""
+    summary: str
+    text: str = ""
+
+
+def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | None) -> GpuSanitizerOutcome:
+    """On a GPU: NVIDIA's compute-sanitizer runs `capsules verify OP` (value and vjp, cuda backend)
+    in a child process under `--tool TOOL`; its first error becomes the finding. SKIPPED where it
+    is not on PATH or refuses the device."""
+    import sys
+    binary = shutil.which("compute-sanitizer")
+    if binary is None:
+        return GpuSanitizerOutcome("skipped", "compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
+    command = [binary, "--tool", tool, "--error-exitcode", "66", sys.executable, "-m", "cli", "verify", op,
+               "--backend", "cuda", "--check", "value", "--check", "vjp", "--seed", str(seed),
+               *(["--quick"] if quick else []), *(["--case", case] if case else [])]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              env={**os.environ, "CAPSULES_PROGRESS": "0"})
+    except subprocess.TimeoutExpired:
+        return GpuSanitizerOutcome("skipped", f"compute-sanitizer did not finish in {TIMEOUT_S} s")
+    text = proc.stdout + proc.stderr
+    errors = [line[len("========= "):].strip() for line in text.splitlines()
+              if line.startswith("========= ") and not line.startswith("========= COMPUTE-SANITIZER")]
+    if proc.returncode == 66 and errors:
+        located = next((e for e in errors if re.search(r"\.cuh?:\d+", e)), "")
+        return GpuSanitizerOutcome("finding", f"{errors[0]}" + (f" ({located})" if located and located != errors[0] else ""), text)
+    refused = re.search(r"(Error: .*|Target application terminated before first instrumented API call.*|"
+                        r"Device not supported.*|unable to .*)", text)
+    if proc.returncode not in (0, 1) or refused:
+        why = refused.group(1) if refused else (text.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return GpuSanitizerOutcome("skipped", f"compute-sanitizer could not run on this device: {why}", text)
+    return GpuSanitizerOutcome("clean", f"compute-sanitizer --tool {tool}: no error", text)

@@ -521,10 +521,14 @@ class _Run:
     def check_sanitizer(self, tool: str) -> Result:
         """Every sample and edge case, forward and backward, through the kernels under `tool`: the
         first finding fails the check with its trimmed report (the whole text in `details`)."""
-        from .sanitize import SanitizerFinding, backend_for
+        from .sanitize import SanitizerFinding, backend_for, compute_sanitizer
         check = f"sanitize.{tool}"
         if self.capsule.module != "native_cuda" or not self.capsule.symbols:
             return Result(check, Status.SKIPPED, f"{self.capsule.name} launches no kernel")
+        if self.backend.name == "cuda":
+            outcome = compute_sanitizer(tool, self.spec.name, self.seed, self.quick, self.case_filter)
+            status = {"finding": Status.FAILED, "clean": Status.PASSED, "skipped": Status.SKIPPED}[outcome.status]
+            return Result(check, status, outcome.summary, repro=self.sanitizer_repro(tool), details=outcome.text)
         backend = backend_for(tool)
         runs = 0
         for sample in self.samples():

@@ -275,6 +275,7 @@ def verify(
     from capsule_core import verify as engine
     from capsule_core.backends.select import resolve
     from capsule_core.checks import ALL_CHECKS
+    from capsule_core.sanitize import unavailable
 
     if not names and not all_:
         raise fail("NAME: give capsule names or --all", EXIT_USAGE)
@@ -296,7 +297,13 @@ def verify(
     if require_gpu and chosen.name != "cuda":
         raise fail(f"--require-gpu: {note}", EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
-    if tools:
+    if tools and chosen.name == "cuda":
+        typer.echo(f"sanitizers: {', '.join(tools)} under NVIDIA's compute-sanitizer", err=True)
+    elif tools:
+        for tool in tools:
+            why = unavailable(tool)
+            if why:
+                raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
     where = spread(chosen.name, jobs, devices, ray, len(capsules))
     if where is not None:
@@ -337,21 +344,16 @@ def verify(
 
 
 def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tuple[str, ...]:
-    """The sanitizers asked for by --sanitize (a comma list, or all) and --check sanitize.TOOL,
-    each usable here (exit 2 for an unknown tool, 3 for one this machine cannot run)."""
-    from capsule_core.sanitize import TOOLS, unavailable
+    """The sanitizers asked for by --sanitize (a comma list, or all) and --check sanitize.TOOL
+    (exit 2 for an unknown tool)."""
+    from capsule_core.sanitize import TOOLS
     asked = [] if sanitize is None else list(TOOLS) if sanitize == "all" else [t.strip() for t in sanitize.split(",") if t.strip()]
     unknown = [t for t in asked if t not in TOOLS]
     if unknown or (sanitize is not None and not asked):
         raise fail(f"--sanitize: unknown tool {', '.join(unknown) or repr(sanitize)} (tools: {', '.join(TOOLS)}, or all)",
                    EXIT_USAGE)
     asked += [c.split(".", 1)[1] for c in check or () if c.startswith("sanitize.")]
-    tools = tuple(dict.fromkeys(asked))
-    for tool in tools:
-        why = unavailable(tool)
-        if why:
-            raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
-    return tools
+    return tuple(dict.fromkeys(asked))
 
 
 @app.command()

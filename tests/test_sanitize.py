@@ -115,3 +115,57 @@ def test_each_defect_is_found_by_exactly_its_tool(planted, tool, defect):
             assert np.array_equal(y, x)
         elif defect == "race":
             assert np.array_equal(y, np.maximum(x - 1, 0))
+
+
+# -- on a GPU: NVIDIA's compute-sanitizer, mapped to the same check ids -----------------------------
+
+
+def fake_compute_sanitizer(folder: Path, output: str, code: int) -> None:
+    script = folder / "compute-sanitizer"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\nexit {code}\n")
+    script.chmod(0o755)
+
+
+def test_compute_sanitizer_missing_is_a_skip_with_its_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    outcome = sanitize.compute_sanitizer("memcheck", "relu", 0, True, None)
+    assert outcome.status == "skipped" and "compute-sanitizer is not on PATH" in outcome.summary
+
+
+def test_compute_sanitizer_errors_become_the_finding(monkeypatch, tmp_path):
+    fake_compute_sanitizer(tmp_path, "========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+                                     "=========     at capsule_relu_fwd+0x90 in pointwise.cu:19\n"
+                                     "========= ERROR SUMMARY: 1 error", 66)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    outcome = sanitize.compute_sanitizer("memcheck", "relu", 0, True, None)
+    assert outcome.status == "finding"
+    assert outcome.summary == "Invalid __global__ read of size 4 bytes (at capsule_relu_fwd+0x90 in pointwise.cu:19)"
+
+
+def test_compute_sanitizer_that_refuses_the_device_is_a_skip(monkeypatch, tmp_path):
+    fake_compute_sanitizer(tmp_path, "========= COMPUTE-SANITIZER\n========= Error: Device not supported", 1)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    outcome = sanitize.compute_sanitizer("racecheck", "relu", 0, True, None)
+    assert outcome.status == "skipped" and "Device not supported" in outcome.summary
+
+
+def test_cli_sanitize_takes_an_optional_tool_list(monkeypatch):
+    from cli.options import optional_option_values
+    assert optional_option_values(["verify", "relu", "--sanitize"]) == ["verify", "relu", "--sanitize=all"]
+    assert optional_option_values(["verify", "--sanitize", "relu"]) == ["verify", "--sanitize=all", "relu"]
+    assert optional_option_values(["verify", "--sanitize", "--quick"]) == ["verify", "--sanitize=all", "--quick"]
+    assert optional_option_values(["verify", "--sanitize", "racecheck"]) == ["verify", "--sanitize", "racecheck"]
+    assert optional_option_values(["verify", "--sanitize", "memcheck,bogus"]) == ["verify", "--sanitize", "memcheck,bogus"]
+    from cli.app import app
+    result = CliRunner().invoke(app, ["verify", "relu", "--sanitize", "memcheck,bogus"])
+    assert result.exit_code == 2 and "--sanitize: unknown tool bogus" in result.stderr
+
+
+def test_cli_sanitize_without_a_compiler_is_one_sentence_and_exit_3(monkeypatch, tmp_path):
+    from cli.app import app
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = CliRunner().invoke(app, ["verify", "relu", "--backend", "numpy", "--sanitize=memcheck"])
+    assert result.exit_code == 3
+    assert result.stderr.strip().splitlines()[-1] == ("capsules: error: --sanitize memcheck: the emu backend needs a C++ "
+                                                      "compiler (g++ or clang++ on PATH, or CXX); install g++")
