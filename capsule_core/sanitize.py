@@ -269,47 +269,59 @@ def _race_accesses(report: str) -> list[str]:
     return out
 
 
-def _failure(tool: str, stderr: str, code: int, names: dict) -> Exception:
-    """The child's stderr as a Finding (a sanitizer report, or the emulator's own error) or, for an
-    error that is no finding of this tool, a KernelFault."""
-    report = "\n".join(line for line in stderr.splitlines() if not line.startswith("capsule-emu: buffer "))
-    own = re.search(r"capsule-emu: error: (.+)", stderr)
+def _memcheck_summary(stderr: str, names: dict) -> str | None:
     where = _where(stderr)
-    if tool == "memcheck" and "ERROR: AddressSanitizer" in stderr:
+    if "ERROR: AddressSanitizer" in stderr:
         kind = re.search(r"ERROR: AddressSanitizer: (\S+)", stderr).group(1)
         access = re.search(r"(READ|WRITE) of size (\d+) at 0x([0-9a-f]+)", stderr)
-        what = f"{access.group(1).lower()} of {access.group(2)} bytes at " + _buffer_at(stderr, int(access.group(3), 16), names) \
-            if access else ""
+        what = (f"{access.group(1).lower()} of {access.group(2)} bytes at "
+                f"{_buffer_at(stderr, int(access.group(3), 16), names)}") if access else "an invalid access"
         lines = _source_lines(stderr, 1)
-        summary = f"{kind}: {what}" + (f" in {where}" if where else "") + (f" at {lines[0]}" if lines else "")
-        return SanitizerFinding(Finding(tool, summary, report))
-    if tool == "memcheck" and "runtime error:" in stderr:
+        return f"{kind}: {what}" + (f" in {where}" if where else "") + (f" at {lines[0]}" if lines else "")
+    if "runtime error:" in stderr:
         m = re.search(r"(\S+?):(\d+):\d+: runtime error: (.+)", stderr)
         summary = f"undefined behaviour: {m.group(3)} at {Path(m.group(1)).name}:{m.group(2)}" if m else "undefined behaviour"
-        return SanitizerFinding(Finding(tool, summary + (f" in {where}" if where else ""), report))
-    if tool == "racecheck" and "WARNING: ThreadSanitizer: data race" in stderr:
-        access = re.search(r"(Write|Read) of size (\d+) at 0x([0-9a-f]+)", stderr)
-        target = _buffer_at(stderr, int(access.group(3), 16), names) if access else "memory"
-        if target.startswith("address") and "Location is global" in stderr:
-            target = "shared memory"
-        accesses = _race_accesses(stderr)
-        summary = f"data race on {target}: {' and '.join(accesses) or 'two threads'}; no barrier orders them"
+        return summary + (f" in {where}" if where else "")
+    return None
+
+
+def _racecheck_summary(stderr: str, names: dict) -> str | None:
+    if "WARNING: ThreadSanitizer: data race" not in stderr:
+        return None
+    access = re.search(r"(Write|Read) of size (\d+) at 0x([0-9a-f]+)", stderr)
+    target = _buffer_at(stderr, int(access.group(3), 16), names) if access else "memory"
+    if target.startswith("address") and "Location is global" in stderr:
+        target = "shared memory"
+    accesses = _race_accesses(stderr)
+    return f"data race on {target}: {' and '.join(accesses) or 'two threads'}; no barrier orders them"
+
+
+def _initcheck_summary(stderr: str, names: dict) -> str | None:
+    if "ninitialised" not in stderr:
+        return None
+    origin = ("a workspace or output" if "heap allocation" in stderr else
+              "shared memory" if "client request" in stderr else "memory no one wrote")
+    use = re.search(r"== (Conditional jump or move depends on uninitialised value\(s\)|Use of uninitialised value[^\n]*)", stderr)
+    at = re.search(r"Address 0x([0-9a-f]+) is (\d+) bytes inside a block of size (\d+)", stderr)
+    if at and not use:
+        summary = f"{_buffer_at(stderr, int(at.group(1), 16), names)} holds bytes read from {origin} that no one wrote"
+    else:
+        summary = f"{use.group(1) if use else 'an uninitialised value is used'} (origin: {origin})"
+    frame = re.search(r"(?:at|by) 0x[0-9A-F]+: \S+ \(([^:()]+\.cuh?):(\d+)\)", stderr)
+    return summary + (f" at {frame.group(1)}:{frame.group(2)}" if frame else "")
+
+
+_SUMMARIES = {"memcheck": _memcheck_summary, "racecheck": _racecheck_summary, "initcheck": _initcheck_summary}
+
+
+def _failure(tool: str, stderr: str, code: int, names: dict) -> Exception:
+    """The child's stderr as this tool's Finding, or, for an error that is no finding of this tool
+    (the emulator's own: a divergent barrier, __trap), a KernelFault."""
+    summary = _SUMMARIES[tool](stderr, names)
+    if summary is not None:
+        report = "\n".join(line for line in stderr.splitlines() if not line.startswith("capsule-emu: buffer "))
         return SanitizerFinding(Finding(tool, summary, report))
-    if tool == "initcheck" and ("uninitialised" in stderr or "Uninitialised" in stderr):
-        at = re.search(r"Address 0x([0-9a-f]+) is (\d+) bytes inside a block of size (\d+)", stderr)
-        origin = "a workspace or output" if "heap allocation" in stderr else (
-            "shared memory" if "client request" in stderr else "memory no one wrote")
-        lines = _source_lines(stderr.replace("(", " ").replace(")", " ").replace(": ", " "), 1)
-        target = _buffer_at(stderr, int(at.group(1), 16), names) if at else ""
-        use = re.search(r"==\d+== (Conditional jump or move depends on uninitialised value\(s\)|Use of uninitialised value[^\n]*)", stderr)
-        summary = (f"{target} holds bytes read from {origin} that no one wrote" if target and not use else
-                   f"{use.group(1) if use else 'an uninitialised value is used'} (origin: {origin})")
-        frames = re.findall(r"by 0x[0-9A-F]+: (\S+) \(([^:()]+\.cuh?):(\d+)\)|at 0x[0-9A-F]+: (\S+) \(([^:()]+\.cuh?):(\d+)\)", stderr)
-        for f in frames:
-            name, file, line = (f[0], f[1], f[2]) if f[0] else (f[3], f[4], f[5])
-            summary += f" at {file}:{line}"
-            break
-        return SanitizerFinding(Finding(tool, summary, report))
+    own = re.search(r"capsule-emu: error: (.+)", stderr)
     if own:
         return KernelFault(own.group(1))
     tail = "\n".join(stderr.strip().splitlines()[-5:])
