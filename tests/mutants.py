@@ -28,12 +28,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from capsule_core.errors import InputError
 from capsule_core.execution import GUARD_ELEMENTS, NumpyBackend, Run
+from capsule_core.kernels import cuda_source_dir
 from capsule_core.ops import conv_pool as cp
 from capsule_core.ops import get_spec
 from capsule_core.ops import norm as nm
@@ -1023,13 +1031,360 @@ def table(outcomes) -> str:
         else:
             verdict = ("killed" if o.right_reason else "killed (wrong reason)") if o.killed else (
                 "survived (known gap)" if o.mutant.gap else "SURVIVED")
-        rows.append(f"{o.mutant.id:40s} {o.mutant.family:10s} {verdict:22s} by {', '.join(o.killers) or '-':40s} "
-                    f"expected {', '.join(o.mutant.expect) or '-'}")
+        rows.append(f"{o.mutant.id:40s} {o.mutant.family:10s} {o.mutant.op:20s} {verdict:22s} "
+                    f"by {', '.join(o.killers) or '-':40s} expected {', '.join(o.mutant.expect) or '-'}")
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    import time
+
+# -- kernel mutants: bugs planted in the CUDA sources, run by the emu backend ---------------------
+
+
+class StaleMutant(AssertionError):
+    """A kernel mutant's source text is no longer in its file exactly once: the kernel changed
+    under it, so it would test nothing (or something else). Update the mutant."""
+
+
+@dataclass(frozen=True)
+class KernelMutant:
+    """One bug planted in the CUDA sources: `original`, which must occur exactly once in
+    cuda/`file`, becomes `replacement` in a temporary copy of cuda/ that the emu backend builds
+    (the repository's cuda/ is never touched); `verify op --backend emu` must FAIL one of
+    `expect`. `gap`, when set, says why the emulator cannot tell and what would."""
+
+    id: str
+    file: str
+    original: str
+    replacement: str
+    op: str
+    kind: str
+    description: str
+    expect: tuple[str, ...]
+    gap: str = ""
+
+    @property
+    def family(self) -> str:
+        return get_spec(self.op).family
+
+    def planted(self, text: str) -> str:
+        count = text.count(self.original)
+        if count != 1:
+            raise StaleMutant(f"kernel mutant {self.id}: its source text occurs {count} times in cuda/{self.file}, "
+                              f"not once; the kernel changed, update the mutant:\n{self.original}")
+        return text.replace(self.original, self.replacement)
+
+
+KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
+    # pointwise
+    KernelMutant("pw-vector-tail-starts-late", "pointwise.cu",
+                 "store4(out, v, make_float4(f(x.x), f(x.y), f(x.z), f(x.w)));\n        }\n        tail = vectors * 4;",
+                 "store4(out, v, make_float4(f(x.x), f(x.y), f(x.z), f(x.w)));\n        }\n        tail = vectors * 4 + 4;",
+                 "relu", "vector tail", "map_1_1's scalar tail starts one float4 late: n % 4 elements never written",
+                 ("bounds",)),
+    KernelMutant("pw-vector-reads-a-twice", "pointwise.cu",
+                 "const float4 x = load4(a, v), y = load4(b, v);", "const float4 x = load4(a, v), y = load4(a, v);",
+                 "add", "wrong operand", "map_2_1's float4 path loads a where it needs b: add gives 2x",
+                 ("value",)),
+    KernelMutant("pw-mul-bwd-wrong-operand", "pointwise.cu",
+                 "capsule_mul_df(a, b, w, da, db)", "capsule_mul_df(a, a, w, da, db)",
+                 "mul", "wrong operand", "mul's backward is handed x where it needs y: dx = g*x",
+                 ("vjp",)),
+    KernelMutant("pw-sub-bwd-swapped-outputs", "pointwise.cu",
+                 "capsule_sub_df(a, b, w, da, db)", "capsule_sub_df(a, b, w, db, da)",
+                 "sub", "VJP sign", "sub's backward writes dy into dx and dx into dy: dx = -g",
+                 ("vjp",)),
+    # softmax
+    KernelMutant("softmax-dropped-max-shuffle", "softmax.cu",
+                 "for (int offset = G / 2; offset > 0; offset >>= 1) v = capsule_nanmax(",
+                 "for (int offset = G / 2; offset > 1; offset >>= 1) v = capsule_nanmax(",
+                 "softmax", "dropped shuffle", "group_max stops one butterfly step early: lane pairs keep different maxima",
+                 ("value",)),
+    KernelMutant("softmax-block-tail-starts-late", "softmax.cu",
+                 "for (int64_t i = split.head + 4 * split.body4 + threadIdx.x; i < len; i += step) one(i);",
+                 "for (int64_t i = split.head + 4 * split.body4 + threadIdx.x + 1; i < len; i += step) one(i);",
+                 "softmax", "vector tail", "the block path's scalar tail after the float4 body starts one element late",
+                 ("bounds", "value")),
+    KernelMutant("log-softmax-bwd-softmax-rule", "softmax.cu",
+                 "backward<CAPSULE_LOG_SOFTMAX>(y, g, dx, rows, cols);", "backward<CAPSULE_SOFTMAX>(y, g, dx, rows, cols);",
+                 "log_softmax", "wrong VJP", "log_softmax's backward runs softmax's rule (y is a log-probability)",
+                 ("vjp",)),
+    KernelMutant("block-reduce-dropped-first-barrier", "common.cuh",
+                 "v = warp_reduce(v);\n    __syncthreads();", "v = warp_reduce(v);",
+                 "softmax", "dropped barrier", "block_sum's warp leaders publish into scratch while other warps may "
+                 "still read block_max's values from it", ("value",),
+                 gap="a write-after-read race the emulator's schedule hides: released by block_max's barrier, every "
+                     "thread reads scratch before its first shuffle, and no warp gets through block_sum's shuffles "
+                     "(several rounds of the round-robin) before all have; sanitize.racecheck is the check for it"),
+    # reduce
+    KernelMutant("reduce-tile-dropped-barrier", "reduce.cu",
+                 "if (ty < depth) partial[threadIdx.x] = acc;\n        __syncthreads();",
+                 "if (ty < depth) partial[threadIdx.x] = acc;",
+                 "reduce_sum", "dropped barrier", "the tile path's shared-memory tree starts before every partial is stored",
+                 ("value",)),
+    KernelMutant("reduce-wrong-identity", "reduce.cu", "acc[r] = 0.0f;", "acc[r] = 1.0f;",
+                 "reduce_sum", "wrong identity", "short segments start their sums from 1 instead of 0",
+                 ("value",)),
+    KernelMutant("reduce-column-swapped-strides", "reduce.cu",
+                 "for (int64_t s = 0; s < seg.length; ++s) acc += p[s * inner];",
+                 "for (int64_t s = 0; s < seg.length; ++s) acc += p[s];",
+                 "reduce_sum", "swapped strides", "the column path steps along the axis with stride 1 instead of inner",
+                 ("value",)),
+    KernelMutant("reduce-mean-bwd-wrong-count", "reduce.cu",
+                 "broadcast_back<true>(g, dx, outer, size, inner, capsule_inverse_count(size));",
+                 "broadcast_back<true>(g, dx, outer, size, inner, capsule_inverse_count(inner));",
+                 "reduce_mean", "missing 1/n", "the mean's backward divides by the inner extent, not the reduced one",
+                 ("vjp",)),
+    KernelMutant("reduce-row-block-tail-starts-late", "reduce.cu",
+                 "for (int64_t i = split.head + 4 * split.body4 + threadIdx.x; i < seg.length; i += step) acc += p[i];",
+                 "for (int64_t i = split.head + 4 * split.body4 + threadIdx.x + 1; i < seg.length; i += step) acc += p[i];",
+                 "reduce_sum", "vector tail", "a block's scalar tail after the float4 body starts one element late",
+                 ("value",),
+                 gap="quick samples reach the block-per-segment path only through edges (4097 and 3 x 100001 same-sign "
+                     "terms) judged by the order-free worst-case bound n*u*sum|x|, which exceeds the one lost term "
+                     "(about sum|x|/n) once n >= 2^12; the full run kills it (value, large-0 x(1024, 4099))"),
+    # view
+    KernelMutant("permute-tile-dropped-barrier", "view.cu",
+                 "if (capsule_tile_load(t, a0, b0, e, &rel, &slot)) tile[slot] = x[x_base + rel];\n        __syncthreads();",
+                 "if (capsule_tile_load(t, a0, b0, e, &rel, &slot)) tile[slot] = x[x_base + rel];",
+                 "permute", "dropped barrier", "the transposing tile is read back before every thread has loaded it",
+                 ("value",)),
+    KernelMutant("broadcast-columns-dropped-barrier", "view.cu",
+                 "                                                : 0.0f;\n        __syncthreads();",
+                 "                                                : 0.0f;",
+                 "broadcast", "dropped barrier", "warp 0 adds the warps' partial sums before they are stored",
+                 ("vjp",)),
+    KernelMutant("broadcast-rows-dropped-shuffle", "view.cu",
+                 "if (group == 32) acc = capsule::group_sum_rn<32>(acc);",
+                 "if (group == 32) acc = capsule::group_sum_rn<16>(acc);",
+                 "broadcast", "dropped shuffle", "the warp sum over copies skips its 16-lane step: half the copies lost",
+                 ("vjp",)),
+    KernelMutant("slice-bwd-off-by-one", "view.cu",
+                 "dx[e] = s < 0 ? 0u : g[s];", "dx[e] = s <= 0 ? 0u : g[s];",
+                 "slice", "off by one", "slice's backward zeroes the first element taken from g as well",
+                 ("vjp",)),
+    KernelMutant("permute-tile-dropped-trailing-barrier", "view.cu",
+                 "y[y_base + rel] = tile[slot];\n        __syncthreads();", "y[y_base + rel] = tile[slot];",
+                 "permute", "dropped barrier", "a block loads its next tile before every thread has stored the last one",
+                 ("value",),
+                 gap="unreachable under the plan: its grid has a block per tile (up to 4224 tiles, more than any "
+                     "sample has), so no block loads a second tile; a launch with fewer blocks than tiles, which the "
+                     "kernel allows, would show it"),
+    # index
+    KernelMutant("scatter-add-bwd-tail-starts-late", "index.cu",
+                 "for (int64_t e = head + thread_index(); e < n; e += thread_count()) dbw[e] = gw[e];",
+                 "for (int64_t e = head + 1 + thread_index(); e < n; e += thread_count()) dbw[e] = gw[e];",
+                 "scatter_add", "vector tail", "dbase's scalar tail after the float4 copy starts one element late",
+                 ("bounds", "vjp")),
+    KernelMutant("scatter-add-dropped-base", "index.cu",
+                 "out[e] = capsule_segment_sum(base ? base[e] : 0.0f,", "out[e] = capsule_segment_sum(0.0f,",
+                 "scatter_add", "dropped bias", "the thread-per-element path sums the sources onto 0 instead of base",
+                 ("value",)),
+    KernelMutant("segment-warps-dropped-shuffle", "index.cu",
+                 "acc = capsule::group_sum_rn<32>(acc);", "acc = capsule::group_sum_rn<16>(acc);",
+                 "gather", "dropped shuffle", "the warp-per-element segment sum skips its 16-lane step",
+                 ("vjp",)),
+    # random
+    KernelMutant("random-stream-off-by-one", "random.cu",
+                 "capsule_keyed_uniform(key, static_cast<uint64_t>(e + k))",
+                 "capsule_keyed_uniform(key, static_cast<uint64_t>(e + k + 1))",
+                 "rand_uniform", "RNG stream", "element i draws counter i + 1 of the stream",
+                 ("rng",)),
+    KernelMutant("random-grid-rounds-down", "random.cu",
+                 "CAPSULE_GRID_STRIDE(q, (n + 3) / 4)", "CAPSULE_GRID_STRIDE(q, n / 4)",
+                 "bernoulli_mask", "vector tail", "the float4 groups round down: the last n % 4 elements never written",
+                 ("bounds",)),
+    # norm
+    KernelMutant("layer-norm-bwd-partials-dropped-barrier", "norm.cu",
+                 "acc[ty * width + tx] = s;\n            __syncthreads();", "acc[ty * width + tx] = s;",
+                 "layer_norm", "dropped barrier", "row lane 0 adds the column partials before the other lanes store them",
+                 ("vjp",)),
+    KernelMutant("layer-norm-unbiased-variance", "norm.cu",
+                 "rstd = capsule_norm_rstd(team.sum(make_float2(q, 0.0f)).x / static_cast<float>(cols), eps);",
+                 "rstd = capsule_norm_rstd(team.sum(make_float2(q, 0.0f)).x / static_cast<float>(cols - 1), eps);",
+                 "layer_norm", "off by one", "the register path's variance divides by cols - 1",
+                 ("value",)),
+    KernelMutant("block-merge-dropped-barrier", "norm.cu",
+                 "if (lane_id() == 0) slots[warp] = w;\n    __syncthreads();", "if (lane_id() == 0) slots[warp] = w;",
+                 "batch_norm", "dropped barrier", "the warps' Welford states are merged before every warp has stored its own",
+                 ("value",)),
+    KernelMutant("batch-norm-bwd-x-swapped-sums", "norm.cu",
+                 "gm * __ldg(dbeta + c) * inv_count, gm * __ldg(dgamma + c) * inv_count",
+                 "gm * __ldg(dgamma + c) * inv_count, gm * __ldg(dbeta + c) * inv_count",
+                 "batch_norm", "wrong operand", "dx's two channel means are handed each other's sums",
+                 ("vjp",)),
+    KernelMutant("block-merge-dropped-second-barrier", "norm.cu",
+                 "for (int i = 1; i < warps; ++i) r = merge(r, slots[i]);\n    __syncthreads();",
+                 "for (int i = 1; i < warps; ++i) r = merge(r, slots[i]);",
+                 "batch_norm", "dropped barrier", "the next part's merge overwrites slots while other threads may still "
+                 "read the last one's", ("value",),
+                 gap="a write-after-read race the emulator's schedule hides: every thread reads the slots right after "
+                     "the barrier, and no warp leader gets through the next warp_merge's shuffles before all have; "
+                     "sanitize.racecheck is the check for it"),
+    # conv_pool
+    KernelMutant("conv-gemm-dropped-barrier", "conv_pool.cu",
+                 "corr_store<T>(ra, rb, As, Bs, tid);\n            __syncthreads();", "corr_store<T>(ra, rb, As, Bs, tid);",
+                 "conv_transpose", "dropped barrier", "the implicit GEMM multiplies tiles before every thread has stored its share",
+                 ("value",)),
+    KernelMutant("conv-gemm-dropped-war-barrier", "conv_pool.cu",
+                 "__syncthreads();  // every thread is done reading the previous tiles", "",
+                 "conv_transpose", "dropped barrier", "the next GEMM tiles are stored while others still multiply the last",
+                 ("value",)),
+    KernelMutant("conv-transpose-dropped-bias", "conv_pool.cu",
+                 "corr<true>(CorrProblem{x, weight, b,", "corr<true>(CorrProblem{x, weight, nullptr,",
+                 "conv_transpose", "dropped bias", "conv_transpose's forward is launched without its bias",
+                 ("value",)),
+    KernelMutant("channel-sums-dropped-barrier", "conv_pool.cu",
+                 "if (tid % 32 == 0) warp_sums[tid / 32] = s;\n        __syncthreads();",
+                 "if (tid % 32 == 0) warp_sums[tid / 32] = s;",
+                 "conv_transpose", "dropped barrier", "the bias gradient adds the warp sums before they are stored",
+                 ("vjp",)),
+    KernelMutant("pool-bwd-window-off-by-one", "conv_pool.cuh",
+                 "const int64_t lo = i + p - k + 1;", "const int64_t lo = i + p - k + 2;",
+                 "avg_pool", "off by one", "the backward's covering windows start one late: a cell's first window is missed",
+                 ("vjp",)),
+    KernelMutant("split-sums-lost-split", "conv_pool.cu",
+                 "dw[tail + i] = split_sum(partial, count, splits, tail + i);",
+                 "dw[tail + i] = split_sum(partial, count, splits - 1, tail + i);",
+                 "conv_transpose", "lost partial", "the scalar weight-gradient sum drops the last split's partial",
+                 ("vjp",),
+                 gap="no verify sample runs split_sums' scalar path: splits > 1 only in the medium and large samples "
+                     "(never in quick), whose weight counts (2304, 320, 648, 16384) are all multiples of 4 (the "
+                     "float4 path); a sample with splits > 1 and an odd c_in * c_out * kernel volume would"),
+    # linalg
+    KernelMutant("sgemm-tile-count-rounds-down", "linalg.cu",
+                 "g.batch * cdiv(g.m, T::BM) * cdiv(g.n, T::BN)", "g.batch * (g.m / T::BM) * cdiv(g.n, T::BN)",
+                 "matmul", "tile count", "the GEMM's tile rows round down: the rows past the last full tile never written",
+                 ("bounds", "value")),
+    KernelMutant("sgemm-dropped-stage-barrier", "linalg.cuh",
+                 "cur ^= 1;\n        threads.sync();", "cur ^= 1;",
+                 "matmul", "dropped barrier", "the double-buffered k loop stores the next stage while others read it",
+                 ("value",)),
+    KernelMutant("matmul-bwd-a-untransposed-b", "linalg.cu",
+                 "gemm<MatmulBwdA>(MatmulBwdA::map(g, b, da,", "gemm<MatmulFwd>(MatmulBwdA::map(g, b, da,",
+                 "matmul", "transposed weights", "da = g*b^T reads b with its layout untransposed",
+                 ("vjp",)),
+    KernelMutant("linear-bwd-b-dropped-barrier", "linalg.cu",
+                 "part[warp][lane] = v;\n        __syncthreads();", "part[warp][lane] = v;",
+                 "linear", "dropped barrier", "warp 0 adds the bias-gradient partials before the other warps store them",
+                 ("vjp",)),
+    KernelMutant("mse-block-sum-wrong-identity", "linalg.cu",
+                 "group_sum<32>(lane < warps ? scratch[lane] : 0.0);", "group_sum<32>(lane < warps ? scratch[lane] : 1.0);",
+                 "mse_loss", "wrong identity", "the block sum pads the lanes past the last warp with 1 instead of 0",
+                 ("value",)),
+    KernelMutant("mse-bwd-tail-starts-late", "linalg.cu",
+                 "for (int64_t i = rest + first; i < n; i += step) {", "for (int64_t i = rest + first + 1; i < n; i += step) {",
+                 "mse_loss", "vector tail", "the backward's scalar tail after the float4 body starts one element late",
+                 ("bounds", "vjp")),
+    # spectral
+    KernelMutant("fno-twiddle-dropped-barrier", "spectral.cu",
+                 "            table[r] = make_float2(c, s);\n        }\n    }\n    __syncthreads();",
+                 "            table[r] = make_float2(c, s);\n        }\n    }",
+                 "fft_fno", "dropped barrier", "the twiddle table is read before every thread has filled its entries",
+                 ("value",)),
+    KernelMutant("fno-synthesis-last-point", "spectral.cu",
+                 "if (t0 + j < G) out[(b * G + t0 + j) * O + o] = acc[j];",
+                 "if (t0 + j < G - 1) out[(b * G + t0 + j) * O + o] = acc[j];",
+                 "fft_fno", "off by one", "the synthesis never writes the last grid point",
+                 ("bounds", "value")),
+    KernelMutant("fno-bwd-unscaled-gspec", "spectral.cu",
+                 "run_analysis(g, gspec, batch, grid, c_out, modes, true,",
+                 "run_analysis(g, gspec, batch, grid, c_out, modes, false,",
+                 "fft_fno", "missing 1/n", "the cotangent spectrum misses irfft's bin weight w_k/G",
+                 ("vjp",)),
+    KernelMutant("fno-mix-swapped-strides", "spectral.cu",
+                 "__ldg(w_re + w0 + c * c_out)", "__ldg(w_re + w0 + c)",
+                 "fft_fno", "swapped strides", "the mix reads W's real part with the channel stride 1 instead of c_out",
+                 ("value",)),
+    KernelMutant("fno-bwd-spectra-dropped-barrier", "spectral.cu",
+                 "__syncthreads();  // the next pass rebuilds the table", "",
+                 "fft_fno", "dropped barrier", "a block's second analysis rebuilds the twiddle table while the first "
+                 "may still read it", ("vjp",),
+                 gap="unreachable under the plan: it launches gridDim.y = 2, so each block runs one analysis and "
+                     "builds the table once; a launch with gridDim.y = 1, which the kernel allows, would show it"),
+    # scan
+    KernelMutant("scan-lost-carry", "scan.cu",
+                 "h = capsule_scan_apply(c, h);", "h = c.h;",
+                 "selective_scan", "lost carry", "the state entering a chunk forgets the state before the previous chunk",
+                 ("value",)),
+    KernelMutant("scan-dropped-barrier", "scan.cu",
+                 "chunk_h[slot()] = s.h;\n        __syncthreads();", "chunk_h[slot()] = s.h;",
+                 "selective_scan", "dropped barrier", "chunk summaries are chained before every chunk has stored its own",
+                 ("value",)),
+    KernelMutant("scan-bwd-wrong-state", "scan.cu",
+                 "const float hprev = t > 0 ? __ldg(y + i - dim)", "const float hprev = t > 0 ? __ldg(y + i)",
+                 "selective_scan", "wrong operand", "the backward is handed h[t] where it needs h[t-1]",
+                 ("vjp",)),
+    KernelMutant("scan-shared-grad-swapped-strides", "scan.cu",
+                 "s += __ldg(da_part + i * dim + d);", "s += __ldg(da_part + i + d * batch);",
+                 "selective_scan", "swapped strides", "the batch sum of a shared A's gradient walks (b, d) transposed",
+                 ("vjp",)),
+)
+
+KERNEL_REPRESENTATIVES = ("pw-vector-tail-starts-late", "softmax-dropped-max-shuffle", "reduce-tile-dropped-barrier",
+                          "slice-bwd-off-by-one", "scatter-add-dropped-base", "random-stream-off-by-one",
+                          "batch-norm-bwd-x-swapped-sums", "pool-bwd-window-off-by-one", "sgemm-tile-count-rounds-down",
+                          "fno-mix-swapped-strides", "scan-lost-carry")
+"""One kernel mutant per family, of as many kinds as there are families: what the default test run
+plants (a build of a family costs 5 to 30 s; the whole catalog runs with --kernels)."""
+
+
+@contextmanager
+def mutated_sources(mutant: KernelMutant):
+    """A temporary copy of cuda/ with the mutant planted: the folder an EmuBackend(family_dir=...)
+    builds the family from (against the package's emulator header)."""
+    with tempfile.TemporaryDirectory(prefix=f"capsules-mutant-{mutant.id}-") as work:
+        folder = Path(work) / "cuda"
+        shutil.copytree(cuda_source_dir(), folder)
+        path = folder / mutant.file
+        path.write_text(mutant.planted(path.read_text()))
+        yield folder
+
+
+def prebuild(mutants) -> None:
+    """Builds the mutated families side by side, one host compiler per core (a build takes 5 to 30
+    s, a verify run mostly under 2), into the content-hash cache the runs then load from."""
+    from capsule_core.backends.emu import build_family
+
+    def build(mutant):
+        with mutated_sources(mutant) as folder:
+            build_family(mutant.family, family_dir=folder)
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(build, mutants))
+
+
+_EMU_BASELINE: dict = {}
+
+
+def emu_baseline(op: str) -> dict:
+    """Statuses of the unmutated kernels on `op` (cached)."""
+    from capsule_core.backends.emu import EmuBackend
+    if op not in _EMU_BASELINE:
+        _EMU_BASELINE[op] = verify_statuses(op, EmuBackend())[0]
+    return _EMU_BASELINE[op]
+
+
+def run_kernel_mutant(mutant: KernelMutant, seed: int = 0) -> Outcome:
+    from capsule_core.backends.emu import EmuBackend
+    base = emu_baseline(mutant.op)
+    with mutated_sources(mutant) as folder:
+        statuses, reasons, seconds = verify_statuses(mutant.op, EmuBackend(family_dir=folder), seed)
+    killers = tuple(c for c, s in statuses.items() if s in BAD and base.get(c) not in BAD)
+    return Outcome(mutant, statuses, reasons, killers, seconds)
+
+
+def unexpected(outcomes) -> list:
+    """Outcomes that break the catalog's promise: a mutant without a gap note that survived or was
+    killed for the wrong reason, or a known gap that is now killed (its note should go)."""
+    return [o for o in outcomes if (o.killed and o.mutant.gap) or (not o.mutant.gap and not o.right_reason)]
+
+
+def _details(o: Outcome) -> str:
+    return f"{o.mutant.id}: " + "; ".join(f"{c}={s} {o.reasons[c][:200]}" for c, s in o.statuses.items()
+                                          if s != "SKIPPED")
+
+
+def _main_numpy():
     start = time.perf_counter()
     outcomes = [run_mutant(m) for m in MUTANTS]
     seconds = time.perf_counter() - start
@@ -1044,5 +1399,40 @@ if __name__ == "__main__":
         bad = (not o.killed or not o.right_reason) if o.mutant.expect else any(
             s in BAD + ("MISTRUSTED",) for s in o.statuses.values())
         if bad:
-            print(f"\n{o.mutant.id}: " + "; ".join(f"{c}={s} {o.reasons[c][:200]}" for c, s in o.statuses.items()
-                                                     if s != "SKIPPED"))
+            print("\n" + _details(o))
+
+
+def _main_kernels(ids: list[str]) -> int:
+    known = {m.id for m in KERNEL_MUTANTS}
+    if set(ids) - known:
+        raise SystemExit(f"unknown kernel mutants: {', '.join(sorted(set(ids) - known))}")
+    chosen = [m for m in KERNEL_MUTANTS if not ids or m.id in ids]
+    start = time.perf_counter()
+    prebuild(chosen)
+    built = time.perf_counter()
+    outcomes = [run_kernel_mutant(m) for m in chosen]
+    print(table(outcomes))
+    killed = sum(o.killed for o in outcomes)
+    print(f"\nkernel mutation score {killed}/{len(outcomes)} = {killed / len(outcomes):.1%} "
+          f"({sum(bool(o.mutant.gap) for o in outcomes)} known gaps); builds {built - start:.1f} s, "
+          f"verify runs {time.perf_counter() - built:.1f} s")
+    for o in outcomes:
+        if o.mutant.gap:
+            print(f"\n{o.mutant.id} (known gap): {o.mutant.gap}")
+    wrong = unexpected(outcomes)
+    for o in wrong:
+        print("\nUNEXPECTED " + _details(o))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(description="The mutation suite: the numpy provider's mutants, or with "
+                                                 "--kernels the kernel mutants on the emu backend.")
+    parser.add_argument("--kernels", nargs="*", metavar="ID", help="run the kernel mutants (all, or these ids)")
+    arguments = parser.parse_args()
+    if arguments.kernels is None:
+        _main_numpy()
+    else:
+        sys.exit(_main_kernels(arguments.kernels))
