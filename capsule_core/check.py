@@ -160,7 +160,11 @@ def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
         elif spec.has_vjp:
             problems.append("the op has a VJP but no backward plan")
         for direction, function, outputs in directions:
-            plan = function(arrays, params)
+            try:
+                plan = function(arrays, params)
+            except Exception as exc:  # a plan function that crashes is a failed check, never a lost report
+                problems.append(f"{sample.case} {direction}: the plan function raised {type(exc).__name__}: {exc}")
+                continue
             plans += 1
             for arch in arches:
                 problems += [f"{sample.case} {direction} {arch}: {p}" for p in plan_problems(plan, symbols, arch)]

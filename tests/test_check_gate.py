@@ -125,3 +125,25 @@ def test_show_prints_each_kernel_beside_its_budget(monkeypatch):
     lower_budget(monkeypatch, "pointwise", max_registers=8)
     record = json.loads(runner.invoke(app, ["show", "sin", "--format", "json"]).stdout)
     assert "OVER BUDGET: capsule_sin_fwd:" in record["kernel_resources"]["capsule_sin_fwd"]
+
+
+def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_report(monkeypatch):
+    """A crashing plan is a FAILED launch.plan in check and verify, and an ERROR of the dynamic
+    checks on a device backend: never a traceback, never a lost report."""
+    from capsule_core import launch
+    from capsule_core.plans import pointwise
+
+    def crashing(arrays, params):
+        raise ZeroDivisionError("float division by zero")
+    forward, backward = pointwise.PLANS["relu"]
+    monkeypatch.setitem(pointwise.PLANS, "relu", (crashing, backward))
+    launch._family_plans.cache_clear()
+    result, doc = check_json("relu")
+    assert result.exit_code == 1
+    item = next(i for i in doc["capsules"][0]["checks"] if i["id"] == "launch.plan")
+    assert item["status"] == "FAILED"
+    assert "the plan function raised ZeroDivisionError: float division by zero" in item["messages"][0]
+    verified = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--check", "launch.plan",
+                                   "--check", "value"])
+    assert verified.exit_code == 1 and "Traceback" not in verified.stdout + verified.stderr
+    assert "FAILED native_cuda.relu launch.plan" in verified.stdout and "ERROR native_cuda.relu value" in verified.stdout
