@@ -661,7 +661,8 @@ def fuzz_capsule(capsule: KernelCapsule, backend, *, max_examples: int | None = 
         if outcome.worst:
             target(min(outcome.worst, 1e12), label="error / bound")
 
-    wrapped = hypothesis_seed(seed)(_settings(max_examples if max_examples is not None else 10**9, database)(
+    # settings outermost: hypothesis.seed() alone would switch the example database off
+    wrapped = _settings(max_examples if max_examples is not None else 10**9, database)(hypothesis_seed(seed)(
         given(strategy)(test)))
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{capsule.name}|{backend.name}".encode()
     from hypothesis.reporting import with_reporter

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli.options import BackendOption, unwritable_outputs
+from cli.parallel_options import DevicesOption, JobsOption, RayOption, collect, spread
 
 DEFAULT_EXAMPLES = 100
 """Examples per capsule when neither --examples nor --time is given."""
@@ -31,6 +32,9 @@ def fuzz(
                                                       f"(default ./{DEFAULT_SAVE}, created on the first failure).")] = None,
     replay: Annotated[Optional[Path], typer.Option(help="Rerun one saved failure exactly (its .json file) "
                                                         "instead of fuzzing.")] = None,
+    jobs: JobsOption = None,
+    devices: DevicesOption = None,
+    ray: RayOption = None,
 ):
     """Search for contract violations with Hypothesis: shapes, parameters and values, invalid inputs included.
 
@@ -54,6 +58,8 @@ def fuzz(
 
     if replay is not None and (names or all_):
         raise fail("--replay: reruns the capsule its file names; give no NAME or --all with it", EXIT_USAGE)
+    if replay is not None and (jobs or devices or ray):
+        raise fail("--replay: reruns one example here; give no --jobs, --devices or --ray with it", EXIT_USAGE)
     if replay is None and not names and not all_:
         raise fail("NAME: give capsule names, --all or --replay FILE", EXIT_USAGE)
     if time_budget is not None and not time_budget > 0:
@@ -86,6 +92,10 @@ def fuzz(
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
+    where = spread(chosen.name, jobs, devices, ray, len(capsules))
+    if where is not None:
+        from capsule_core import parallel
+        typer.echo(parallel.describe(where), err=True)
 
     if recorded is not None:
         result = engine.replay(recorded, chosen)
@@ -110,12 +120,16 @@ def fuzz(
                 if progress:
                     progress.update(task, description=f"fuzz {state.op}: {state.examples} examples"
                                                       + (f", shrinking ({state.shrink_steps})" if state.shrink_steps else ""))
-            for one in engine.fuzz(capsules, chosen, time_budget=time_budget, max_examples=max_examples,
-                                   seed=run_seed, database=database, on_example=on_example if progress else None):
-                result.capsules.append(one)
-                result.poisoned = result.poisoned or one.poisoned
-                if progress:
-                    progress.advance(task)
+            if where is not None:  # a poisoned worker is replaced: the run goes on, result.poisoned stays False
+                collect(parallel.fuzz(capsules, where, time_budget=time_budget, max_examples=max_examples, seed=run_seed,
+                                      database=database), result.capsules, progress, task)
+            else:
+                for one in engine.fuzz(capsules, chosen, time_budget=time_budget, max_examples=max_examples,
+                                       seed=run_seed, database=database, on_example=on_example if progress else None):
+                    result.capsules.append(one)
+                    result.poisoned = result.poisoned or one.poisoned
+                    if progress:
+                        progress.advance(task)
     except KeyboardInterrupt:
         result.interrupted = True
     result.seconds = clock.perf_counter() - start

@@ -10,7 +10,7 @@ import pytest
 from capsule_core import registry, report
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pycuda", "hypothesis", "scipy", "numpy", "capsule_core.ops", "capsule_core.backends")
+HEAVY = ("pycuda", "hypothesis", "scipy", "numpy", "ray", "capsule_core.ops", "capsule_core.backends")
 
 
 def _imported_modules(*args) -> set[str]:

@@ -1,0 +1,457 @@
+"""verify and fuzz spread over worker processes (--jobs) or over a Ray cluster (--ray).
+
+Capsules are independent, so the work splits per capsule and nothing else changes: a worker runs
+verify_capsule or fuzz_capsule exactly as the serial loop does. The engines yield (index, result)
+as capsules finish, the index being the capsule's place in the request, so that the caller
+rebuilds the serial report in the serial order, also after Ctrl-C from whatever had finished.
+Nothing here prints.
+
+Local workers are long-lived processes started with the "spawn" context (never a fork of a
+parent that may hold a CUDA context or threads), one capsule at a time each, over a pipe. Not one
+`python -m cli verify NAME` per capsule (what --isolate does): `verify relu --quick` on emu costs
+a fresh process 1.0 s of CPU (imports, the emulator's library, the PTX cache), a warm worker 0.05 s,
+and most capsules of a quick run take 0.05-0.2 s there; a worker pays its start once. Not
+concurrent.futures.ProcessPoolExecutor: one dead worker breaks that whole pool without saying
+whose task killed it. Here each worker holds one known capsule, so a worker that dies (a
+segfault, the OOM killer, os._exit) is ERROR for that capsule only, and a fresh worker takes its
+place; so is a worker whose capsule ended in ERROR, so that a poisoned CUDA context never reaches
+the next capsule. Results cross the pipe pickled, losslessly (the JSON record of --isolate drops
+non-finite worst values, and fuzz results have no record).
+
+On a Ray cluster each capsule is a task (num_gpus=1 on cuda, num_cpus=1 otherwise, never
+retried: a capsule that kills its worker is an ERROR, as here). capsule_core travels with the job
+as a wheel lays it out, the CUDA sources inside, and each node compiles into its own cache
+folder. A fuzz task searches with a private copy of this machine's Hypothesis example database
+and sends back what it added, which is merged into the local database.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from .errors import CapsuleError, EnvironmentMissing
+
+
+class OptionError(CapsuleError):
+    """A --jobs, --devices or --ray value that breaks its rule (a usage error)."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One local worker process: the backend it opens and, on cuda, the device it is pinned to."""
+
+    backend: str
+    device: int = 0
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Capsules as tasks on the Ray cluster at `address`, in Ray's own terms: "local" (a new
+    cluster on this machine), "auto" (the one `ray start` runs here), "HOST:PORT", "ray://HOST:PORT"."""
+
+    address: str
+    backend: str
+
+
+def describe(where: Sequence[Worker] | RayCluster) -> str:
+    """One line saying where the capsules run."""
+    if isinstance(where, RayCluster):
+        return f"spread: one Ray task per capsule on the cluster at {where.address}"
+    devices = sorted({w.device for w in where})
+    on = f" on cuda devices {', '.join(map(str, devices))}" if where and where[0].backend == "cuda" else ""
+    return f"spread: {len(where)} worker process{'es' if len(where) != 1 else ''}{on}"
+
+
+# -- the options ----------------------------------------------------------------------------
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def parse_jobs(text: str) -> int | None:
+    """--jobs: a positive number of workers, or None for auto."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise OptionError(f"--jobs: must be a positive number of workers or auto, got {text!r}")
+    return jobs
+
+
+def parse_devices(text: str, available: int) -> tuple[int, ...]:
+    """--devices: "all" or distinct comma-separated CUDA device indices, each one this machine has."""
+    if text.strip().lower() == "all":
+        if not available:
+            raise EnvironmentMissing("--devices all: this machine has no CUDA device")
+        return tuple(range(available))
+    try:
+        devices = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        devices = ()
+    if not devices or min(devices) < 0 or len(set(devices)) != len(devices):
+        raise OptionError(f"--devices: must be all or distinct device indices such as 0,1, got {text!r}")
+    missing = [d for d in devices if d >= available]
+    if missing:
+        raise EnvironmentMissing(f"--devices: no CUDA device {', '.join(map(str, missing))} here "
+                                 f"({available} device{'s' if available != 1 else ''}: 0..{available - 1})"
+                                 if available else f"--devices: no CUDA device {', '.join(map(str, missing))} here")
+    return devices
+
+
+def local_workers(backend: str, jobs: str, devices: str | None, capsules: int) -> tuple[Worker, ...]:
+    """The worker processes of `--jobs jobs [--devices devices]` on `backend` for `capsules`
+    capsules. auto: one per usable CPU core (emu, numpy) or one per GPU of `devices` (cuda, default
+    all); N workers on cuda take the devices in turn. Never more workers than capsules."""
+    count = parse_jobs(jobs)
+    if backend != "cuda":
+        if devices is not None:
+            raise OptionError(f"--devices: pins cuda workers to GPUs; this run is on the {backend} backend")
+        count = count or usable_cores()
+        return tuple(Worker(backend) for _ in range(max(1, min(count, capsules))))
+    from .backends import cuda
+    chosen = parse_devices(devices or "all", len(cuda.probe().devices))
+    count = count or len(chosen)
+    return tuple(Worker(backend, chosen[i % len(chosen)]) for i in range(max(1, min(count, capsules))))
+
+
+def require_ray():
+    """The ray module, or EnvironmentMissing naming the extra that brings it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise EnvironmentMissing("--ray needs Ray, which the ray extra installs: pip install 'capsules[ray]'") from exc
+    return ray
+
+
+# -- the engines ----------------------------------------------------------------------------
+
+
+def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = False,
+           **options) -> Iterator[tuple[int, object]]:
+    """(index in `capsules`, CapsuleReport) for each capsule as it finishes; `options` are
+    verify_capsule's. `fresh`: a new process for every capsule (verify --isolate)."""
+    from .verify import Status
+    work = partial(_verify_one, **options)
+    failed = partial(_verify_failed, checks=options.get("checks"), sanitize=options.get("sanitize", ()))
+    names = [c.name for c in capsules]
+    if isinstance(where, RayCluster):
+        yield from _run_ray(where, work, names, failed, fresh)
+    else:
+        yield from _run_local(where, work, names, failed, lambda r: fresh or r.status is Status.ERROR)
+
+
+def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float | None = None,
+         max_examples: int | None = None, seed: int = 0,
+         database: Path | None = None) -> Iterator[tuple[int, object]]:
+    """(index in `capsules`, CapsuleFuzz) for each capsule as it finishes. The time budget is
+    shared as in fuzz.fuzz: a capsule starting now gets the time left divided by the rounds of
+    capsules left, a round being one capsule on every worker (or on every CPU or GPU of the cluster)."""
+    names = [c.name for c in capsules]
+    if isinstance(where, RayCluster):
+        snapshot = read_database(database) if database is not None else {}
+        work = partial(_fuzz_on_node, max_examples=max_examples, seed=seed, snapshot=snapshot)
+
+        def failed(task, reason):
+            return _fuzz_failed(task, reason), {}
+        for index, (one, added) in _run_ray(where, work, _fuzz_tasks(names, time_budget, where), failed, False):
+            if database is not None:
+                merge_database(database, added)
+            yield index, one
+    else:
+        work = partial(_fuzz_one, max_examples=max_examples, seed=seed, database=database)
+        yield from _run_local(where, work, _fuzz_tasks(names, time_budget, where), _fuzz_failed,
+                              lambda one: one.poisoned or bool(one.error))
+
+
+def _verify_one(backend, name: str, **options):
+    from .registry import lookup
+    from .verify import verify_capsule
+    return verify_capsule(lookup(name), backend, **options)
+
+
+def _verify_failed(name: str, reason: str, *, checks, sanitize):
+    """The report of a capsule whose worker ended without one: ERROR for every check asked for."""
+    from .checks import CHECKS
+    from .verify import CapsuleReport, Result, Status
+    why = f"{reason} while it verified this capsule; rerun it alone to see more"
+    wanted = [c for c in CHECKS if not checks or c in checks] + [f"sanitize.{tool}" for tool in sanitize]
+    return CapsuleReport(name, tuple(Result(c, Status.ERROR, why) for c in wanted), 0.0)
+
+
+def _fuzz_tasks(names: list[str], time_budget: float | None, where) -> Iterator[tuple[str, float]]:
+    """(capsule name, seconds it may take), computed as each capsule starts (on Ray, once the
+    cluster is connected: the runners draw tasks only then)."""
+    slots = _ray_slots(where) if isinstance(where, RayCluster) else len(where)
+    end = time.monotonic() + time_budget if time_budget is not None else math.inf
+    for i, name in enumerate(names):
+        rounds = math.ceil((len(names) - i) / slots)
+        yield name, (max(end - time.monotonic(), 0.0) / rounds if math.isfinite(end) else math.inf)
+
+
+def _fuzz_one(backend, task: tuple[str, float], *, max_examples, seed, database):
+    from .fuzz import fuzz_capsule
+    from .registry import lookup
+    name, seconds = task
+    return fuzz_capsule(lookup(name), backend, max_examples=max_examples, deadline=time.monotonic() + seconds,
+                        seed=seed, database=database)
+
+
+def _fuzz_failed(task: tuple[str, float], reason: str):
+    from .fuzz import CapsuleFuzz
+    from .registry import lookup
+    name = task[0]
+    return CapsuleFuzz(name, lookup(name).op.value, error=f"{reason} while it fuzzed this capsule")
+
+
+def _fuzz_on_node(backend, task, *, max_examples, seed, snapshot: dict):
+    """A fuzz task on a Ray node: a private copy of the driver's example database, and back the
+    result with the entries the search added."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        merge_database(Path(folder), snapshot)
+        one = _fuzz_one(backend, task, max_examples=max_examples, seed=seed, database=Path(folder))
+        return one, {k: v for k, v in read_database(Path(folder)).items() if k not in snapshot}
+
+
+def read_database(folder: Path) -> dict[str, bytes]:
+    """A Hypothesis directory database as {relative path: contents} (empty when it does not exist)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def merge_database(folder: Path, entries: dict[str, bytes]) -> None:
+    """Add entries to a Hypothesis directory database. Its files are named by the hash of their
+    contents, so a union is a merge: existing files are kept, new ones written atomically."""
+    import tempfile
+    folder = Path(folder)
+    for relative, contents in entries.items():
+        parts = Path(relative).parts
+        if not parts or Path(relative).is_absolute() or ".." in parts:
+            raise ValueError(f"not a path inside the example database: {relative!r}")
+        target = folder.joinpath(*parts)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".merge-")
+        with os.fdopen(handle, "wb") as f:
+            f.write(contents)
+        os.replace(temporary, target)
+
+
+# -- local worker processes -----------------------------------------------------------------
+
+
+def open_backend(worker: Worker):
+    from .backends.select import resolve
+    return resolve(worker.backend, worker.device)[0]
+
+
+def _serve(connection, worker: Worker, work) -> None:
+    """A worker process: open the backend on the first task, then answer each task with
+    (True, work(backend, task)) until None comes; an exception is answered (False, what) and ends it."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it keeps what finished, then ends us
+    backend = None
+    while (task := connection.recv()) is not None:
+        try:
+            if backend is None:
+                backend = open_backend(worker)
+            answer = (True, work(backend, task))
+        except Exception as exc:
+            connection.send((False, f"the worker process failed with {type(exc).__name__}: {exc}"))
+            return
+        connection.send(answer)
+
+
+def _death(exitcode: int | None) -> str:
+    import signal
+    if exitcode is None:
+        return "the worker process stopped answering"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"the worker process was killed by {name}" + (" (the OOM killer sends it)" if name == "SIGKILL" else "")
+    return f"the worker process exited with code {exitcode}"
+
+
+class _Process:
+    """A started worker process and the (index, task) it holds, if any."""
+
+    def __init__(self, context, worker: Worker, work):
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, worker, work), daemon=True,
+                                       name=f"capsules-worker-{worker.backend}-{worker.device}")
+        self.process.start()
+        child.close()
+        self.held: tuple[int, object] | None = None
+
+    def give(self, item: tuple[int, object]) -> None:
+        self.held = item
+        try:
+            self.connection.send(item[1])
+        except OSError:
+            pass  # it died already: its sentinel says so
+
+    def outcome(self) -> tuple[bool, object]:
+        """(True, result) of the held task, or (False, why the process ended without one)."""
+        try:
+            if self.connection.poll():
+                return self.connection.recv()
+        except (EOFError, OSError):
+            pass
+        self.process.join(10)
+        return False, _death(self.process.exitcode)
+
+    def close(self) -> None:
+        """An idle worker is asked to leave; a busy one (the caller stopped early) is ended."""
+        if self.held is None and self.process.is_alive():
+            try:
+                self.connection.send(None)
+            except OSError:
+                pass
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.connection.close()
+
+
+def _run_local(workers: Sequence[Worker], work, tasks: Iterable, failed, retire) -> Iterator[tuple[int, object]]:
+    """work(backend, task) for each task on one process per worker; yields (index, result) as
+    each finishes. A process that ends without a result gives failed(task, why); it, and one
+    whose result `retire` judges unsafe to follow, is replaced. Tasks are taken from `tasks` only
+    when a worker is free to start them."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("spawn")
+    pending = enumerate(tasks)
+    slots: list[_Process | None] = [None] * len(workers)
+    exhausted = False
+    try:
+        while True:
+            for i, worker in enumerate(workers):
+                if exhausted or (slots[i] is not None and slots[i].held is not None):
+                    continue
+                item = next(pending, None)
+                if item is None:
+                    exhausted = True
+                    break
+                if slots[i] is None:
+                    slots[i] = _Process(context, worker, work)
+                slots[i].give(item)
+            running = [p for p in slots if p is not None and p.held is not None]
+            if not running:
+                return
+            ready = set(wait([p.connection for p in running] + [p.process.sentinel for p in running]))
+            for i, p in enumerate(slots):
+                if p is None or p.held is None or not ({p.connection, p.process.sentinel} & ready):
+                    continue
+                (index, task), (ok, value) = p.held, p.outcome()
+                p.held = None
+                result = value if ok else failed(task, value)
+                if not ok or retire(result):
+                    p.close()
+                    slots[i] = None
+                yield index, result
+    finally:
+        for p in slots:
+            if p is not None:
+                p.close()
+
+
+# -- Ray ------------------------------------------------------------------------------------
+
+
+_RAY_BACKENDS: dict = {}
+"""The backend a Ray worker process opened, reused by the tasks it runs after (CPU workers are
+reused; a GPU task gets its own process, Ray's default)."""
+
+
+def _ray_task(backend: str, work, task):
+    if backend not in _RAY_BACKENDS:
+        _RAY_BACKENDS[backend] = open_backend(Worker(backend))  # device 0 of the GPUs Ray gives the task
+    return work(_RAY_BACKENDS[backend], task)
+
+
+def _ray_slots(cluster: RayCluster) -> int:
+    """Tasks the connected cluster runs at once: its GPUs on cuda, else its CPUs."""
+    import ray
+    return max(1, int(ray.cluster_resources().get("GPU" if cluster.backend == "cuda" else "CPU", 1)))
+
+
+@contextmanager
+def _package():
+    """capsule_core as a wheel lays it out (the CUDA sources inside, as capsule_core/_cuda), in a
+    temporary folder: what Ray's py_modules ships to every worker, from a checkout or an install."""
+    import shutil
+    import tempfile
+
+    from .kernels import cuda_source_dir
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "capsule_core"
+        shutil.copytree(Path(__file__).resolve().parent, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        if not (target / "_cuda").is_dir():
+            shutil.copytree(cuda_source_dir(), target / "_cuda", ignore=shutil.ignore_patterns("__pycache__"))
+        yield target
+
+
+def _run_ray(cluster: RayCluster, work, tasks: Iterable, failed, fresh: bool) -> Iterator[tuple[int, object]]:
+    """work(backend, task) as one Ray task per task, as many in flight as the cluster runs at
+    once; yields (index, result) as each finishes, failed(task, why) for a task that raised or
+    whose worker died."""
+    import logging
+
+    ray = require_ray()
+    with _package() as package:
+        local = {"include_dashboard": False} if cluster.address == "local" else {}
+        try:
+            ray.init(address=cluster.address, runtime_env={"py_modules": [str(package)]}, log_to_driver=False,
+                     logging_level=logging.ERROR, **local)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise EnvironmentMissing(f"--ray {cluster.address}: cannot reach a Ray cluster: {exc}") from exc
+    resources = {"num_gpus": 1} if cluster.backend == "cuda" else {"num_cpus": 1}
+    remote = ray.remote(_ray_task).options(max_retries=0, **resources, **({"max_calls": 1} if fresh else {}))
+    slots = _ray_slots(cluster)
+    pending = enumerate(tasks)
+    running: dict = {}
+    try:
+        while True:
+            while len(running) < slots and (item := next(pending, None)) is not None:
+                running[remote.remote(cluster.backend, work, item[1])] = item
+            if not running:
+                return
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                index, task = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    why = str(exc).strip().splitlines()
+                    result = failed(task, f"the Ray task failed ({type(exc).__name__}: {why[0] if why else ''})")
+                yield index, result
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        ray.shutdown()
