@@ -306,6 +306,8 @@ class Library:
 
     name = ""
     device = "cpu"
+    differentiates = False
+    """Whether backward_call can differentiate a twin (a backward case's baseline)."""
 
     def problem(self) -> str | None:
         """Why this library cannot run here (None when it can)."""
@@ -330,6 +332,12 @@ class Library:
     def call(self, twin: Twin, arrays: Mapping[str, Any], params: Mapping[str, Any]):
         with np.errstate(all="ignore"):
             return twin(self.module(), arrays, params)
+
+    def backward_call(self, twin: Twin, arrays: Mapping[str, Any], params: Mapping[str, Any], cotangent,
+                      names: tuple[str, ...]) -> Callable[[], tuple]:
+        """A call giving the gradients of the twin's output at `cotangent` with respect to the inputs
+        `names` (a variadic input's arrays in order); the forward is recorded once, outside it."""
+        raise NotImplementedError
 
     def target(self, fn, cold_flush_bytes: int):
         raise NotImplementedError
@@ -362,6 +370,7 @@ class TorchLibrary(Library):
     """PyTorch eager on the bench's device (the GPU for the cuda backend, else the CPU), TF32 off."""
 
     name = "torch"
+    differentiates = True
 
     def __init__(self, device: str):
         self.device = device
@@ -392,6 +401,16 @@ class TorchLibrary(Library):
     def call(self, twin, arrays, params):
         with self._torch.no_grad():
             return twin(self._torch, arrays, params)
+
+    def backward_call(self, twin, arrays, params, cotangent, names):
+        """autograd.grad over the recorded forward, the graph kept between calls (retain_graph)."""
+        torch = self._torch
+        leaves = [t.requires_grad_() for name in names
+                  for t in (arrays[name] if isinstance(arrays[name], tuple) else (arrays[name],))]
+        with torch.enable_grad():
+            y = twin(torch, arrays, params)
+        g = self._one(cotangent)
+        return lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)
 
     def target(self, fn, cold_flush_bytes: int):
         if self.device == "cuda":

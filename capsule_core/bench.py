@@ -14,6 +14,10 @@ per run on the same device (a device-to-device copy, counting bytes read plus wr
 FMA-throughput kernel, cuda/peak.cu; on the CPU numpy.copyto and a BLAS sgemm), and each kernel
 is shown as a percentage of the ceiling that bounds it by its arithmetic intensity.
 
+A suite (capsule_core.bench_suites, `--suite`) instead pins each workload to explicit shapes,
+forward or backward (the VJP at a seeded cotangent, counted by its least traffic), so that runs
+before and after a kernel change time the same calls.
+
 The engine returns typed results and never prints; capsule_core.report renders them.
 """
 
@@ -209,7 +213,8 @@ class Peaks:
 @dataclass(frozen=True)
 class Throughput:
     gbps: float
-    gflops: float
+    gflops: float | None
+    """None where no flop model exists (a backward)."""
     intensity: float | None
     bound: str | None
     """"memory" or "compute": the roof over this intensity; None without both peaks."""
@@ -321,12 +326,19 @@ class NoKernel(CapsuleError):
     """The capsule has nothing to time on this device (no launch plan, or no launch)."""
 
 
+NUMPY_SUITE_LIMIT = 128 << 20
+"""Largest working set of a suite case the numpy backend times (bench_suites): on a 2-core host the
+reference cases up to 128 MiB take under a second a call (softmax 4096x4096, linear, fft_fno), the
+next ones 5 to 10 s (matmul 4096^3 at 192 MiB, max_pool's backward) and conv's 0.8 GB about a minute."""
+
+
 class NumpyDevice:
     """The numpy float32 provider on the CPU, timed with wall-clock timers."""
 
     kind = "cpu"
     name = "numpy"
     timer = "wall clock"
+    suite_limit: int | None = NUMPY_SUITE_LIMIT
 
     def __init__(self):
         self.cache_bytes = cpu_cache_bytes()
@@ -337,16 +349,24 @@ class NumpyDevice:
     def free_bytes(self) -> int | None:
         return host_available_bytes()
 
-    def unavailable(self, spec: OpSpec) -> str | None:
-        """Why this device has nothing to time for the op (None: it has)."""
+    def unavailable(self, spec: OpSpec, direction: str = "fwd") -> str | None:
+        """Why this device has nothing to time for the op in this direction (None: it has)."""
         return None
 
-    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict):
+    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None):
+        """The forward call, or with a cotangent the VJP at it (the forward's y made beforehand)."""
         p = working_params(params, np.float32)
-
-        def call():
+        if cotangent is None:
+            def call():
+                with np.errstate(all="ignore"):
+                    spec.forward(arrays, p)
+        else:
             with np.errstate(all="ignore"):
-                spec.forward(arrays, p)
+                y = spec.forward(arrays, p)
+
+            def call():
+                with np.errstate(all="ignore"):
+                    spec.vjp(arrays, p, y, cotangent)
         return WallClockTarget(call, self._flush)
 
     def copy_peak(self):
@@ -379,6 +399,8 @@ class CudaDevice:
     kind = "cuda"
     name = "cuda"
     timer = "cuda events"
+    suite_limit: int | None = None
+    """No working-set limit: what does not fit in device memory is skipped as out of memory."""
 
     def __init__(self, backend):
         from .backends.cuda import DeviceTimer
@@ -398,18 +420,33 @@ class CudaDevice:
         capsule = lookup(f"native_cuda.{spec.name}")
         return capsule, plan_functions(capsule)
 
-    def unavailable(self, spec: OpSpec) -> str | None:
+    def unavailable(self, spec: OpSpec, direction: str = "fwd") -> str | None:
         """Checked before any sample is made: an op without launch plans costs nothing to skip."""
-        return "no launch plan: its kernels are not written yet" if self._plans(spec)[1] is None else None
+        functions = self._plans(spec)[1]
+        if functions is None:
+            return "no launch plan: its kernels are not written yet"
+        if direction == "bwd" and functions[1] is None:
+            return "no backward launch plan"
+        return None
 
-    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict):
+    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None):
+        """The forward plan, or with a cotangent the backward plan (given the forward's y on the
+        host where it reads it)."""
         capsule, functions = self._plans(spec)
         if functions is None:
             raise NoKernel("no launch plan: its kernels are not written yet")
-        plan = functions[0](arrays, params)
+        host = flat_buffers(arrays)
+        if cotangent is None:
+            plan = functions[0](arrays, params)
+        else:
+            plan = functions[1](arrays, params)
+            host["g"] = cotangent
+            if any(b.name == "out" and b.role == "input" for b in plan.buffers):
+                with np.errstate(all="ignore"):
+                    host["out"] = spec.forward(arrays, working_params(params, np.float32))
         if not plan.launches:
             raise NoKernel("its plan launches no kernel")
-        return self.gpu.plan_target(capsule, plan, flat_buffers(arrays))
+        return self.gpu.plan_target(capsule, plan, host)
 
     def copy_peak(self):
         nbytes = int(min(1 << 30, self.gpu.free_bytes() // 4)) // 16 * 16
@@ -558,15 +595,41 @@ def _cost_at(spec: OpSpec, shapes, params) -> Cost | None:
         return None
 
 
-def _footprint(spec: OpSpec, shapes: dict, params: dict) -> int:
-    """Host bytes of the inputs and the output of one call at these shapes."""
+def _input_bytes(spec: OpSpec, shapes: dict, differentiable_only: bool = False) -> int:
+    """Bytes of the inputs at these shapes (of the differentiable ones only: their gradients')."""
     total = 0
     for t in spec.inputs:
+        if differentiable_only and not t.differentiable:
+            continue
         item = 8 if t.dtype == "int64" else 4
         value = shapes[t.name]
         parts = value if t.variadic else (value,)
         total += sum(item * numel(s) for s in parts)
-    return total + 4 * numel(spec.shape(shapes, params))
+    return total
+
+
+def _footprint(spec: OpSpec, shapes: dict, params: dict) -> int:
+    """Host bytes of the inputs and the output of one call at these shapes."""
+    return _input_bytes(spec, shapes) + 4 * numel(spec.shape(shapes, params))
+
+
+def backward_cost(spec: OpSpec, shapes: dict, params: dict) -> Cost:
+    """What a backward call moves at least: every input and the cotangent read once, a gradient
+    per differentiable input written once. The OpSpecs model no backward flops (0 here), so a
+    backward is judged by its traffic against the copy bandwidth.
+
+    >>> from .ops import get_spec
+    >>> backward_cost(get_spec("layer_norm"), {"x": (2, 8), "gamma": (8,), "beta": (8,)}, {"eps": 1e-6})
+    Cost(bytes_read=192, bytes_written=128, flops=0)
+    """
+    read = _input_bytes(spec, shapes) + 4 * numel(spec.shape(shapes, params))
+    return Cost(read, _input_bytes(spec, shapes, differentiable_only=True), 0)
+
+
+def working_set(spec: OpSpec, shapes: dict, params: dict, direction: str) -> int:
+    """Bytes one call touches at least: its inputs and output forward, backward_cost's traffic
+    backward (the measure of a suite case's size against a device's suite_limit)."""
+    return _footprint(spec, shapes, params) if direction == "fwd" else backward_cost(spec, shapes, params).bytes
 
 
 def resize(spec: OpSpec, sample: Sample, target_bytes: int, grow_only: bool = False,
@@ -679,6 +742,8 @@ class CaseResult:
     measurement: Measurement | None = None
     throughput: Throughput | None = None
     baselines: list[BaselineResult] = field(default_factory=list)
+    direction: str = "fwd"
+    """"fwd" the op's call, "bwd" its VJP at a seeded cotangent (suite cases)."""
 
 
 @dataclass(frozen=True)
@@ -688,6 +753,8 @@ class Settings:
     rule: StoppingRule = StoppingRule()
     baselines: tuple[str, ...] = twins_table.BASELINES
     seed: int = 0
+    suite: str | None = None
+    """The bench_suites suite timed instead of sized samples (run_suite sets it)."""
 
 
 @dataclass
@@ -736,26 +803,37 @@ GPU's sizes each call takes long enough that a quarter second holds several samp
 
 
 class TwinCheck:
-    """Whether a library's twin computes what the op computes: run once per (op, library) on the
-    op's medium samples against the numpy float32 provider."""
+    """Whether a library's twin computes what the op computes: run once per (op, library,
+    direction) on the op's medium samples against the numpy float32 provider (backward: its VJP
+    at the seeded cotangent against the library's gradients)."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed
         self._verdicts: dict = {}
 
-    def problem(self, spec: OpSpec, library, twin) -> str | None:
-        key = (spec.name, library.name)
+    def problem(self, spec: OpSpec, library, twin, direction: str = "fwd") -> str | None:
+        key = (spec.name, library.name, direction)
         if key not in self._verdicts:
-            self._verdicts[key] = self._check(spec, library, twin)
+            self._verdicts[key] = self._check(spec, library, twin, direction)
         return self._verdicts[key]
 
-    def _check(self, spec: OpSpec, library, twin) -> str | None:
+    def _check(self, spec: OpSpec, library, twin, direction: str) -> str | None:
         from .backends.cpu import NUMPY_F32
         for sample in spec.samples("medium", seeded_rng(spec.name, "bench-twin", self.seed)):
             try:
-                expected = NUMPY_F32.forward(spec, sample.inputs, **sample.params)
-                out = library.call(twin, library.to_library(sample.inputs), normalize_params(spec, sample.params))
-                error = twins_table.relative_error(library.to_numpy(out), expected)
+                params = normalize_params(spec, sample.params)
+                data = library.to_library(sample.inputs)
+                if direction == "fwd":
+                    expected = [NUMPY_F32.forward(spec, sample.inputs, **sample.params)]
+                    outs = [library.call(twin, data, params)]
+                else:
+                    g = cotangent(spec, sample, validate(spec, sample.inputs, sample.params, np.float32)[2], self.seed)
+                    grads = NUMPY_F32.vjp(spec, sample.inputs, g, **sample.params)
+                    expected = [a for name in spec.differentiable
+                                for a in (grads[name] if isinstance(grads[name], tuple) else (grads[name],))]
+                    outs = list(library.backward_call(twin, data, params, g, spec.differentiable)())
+                errors = [twins_table.relative_error(library.to_numpy(o), e) for o, e in zip(outs, expected)]
+                error = max(errors) if len(outs) == len(expected) else math.inf
             except Exception as exc:  # a twin that cannot run the op's own samples is no twin
                 return f"its twin failed on {sample.case}: {type(exc).__name__}: {exc}"
             finally:
@@ -764,6 +842,16 @@ class TwinCheck:
                 return (f"its twin does not compute the same thing: relative error {error:.2g} on {sample.case} "
                         f"(limit {twins_table.TWIN_TOLERANCE:g})")
         return None
+
+
+def cotangent(spec: OpSpec, sample: Sample, out_shape, seed: int = 0) -> np.ndarray:
+    """The cotangent g a backward case is timed at, uniform in [-1, 1) and seeded by the case:
+    the kernel and every baseline differentiate at the same g."""
+    rng = seeded_rng(spec.name, f"cotangent/{sample.case}", seed)
+    g = np.asarray(rng.random(tuple(out_shape), dtype=np.float32))
+    g *= 2
+    g -= 1
+    return g
 
 
 def _jsonable(value):
@@ -784,15 +872,80 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What the engine times for one capsule in one direction: `drawn()` gives its samples as
+    drawn (the records of a run that skips it); `prepared()` each sample to time, with a note
+    (how it was resized) and the reason it is not timed (None when it is). Both can be called
+    again: the GPU baselines' phase remakes the same samples from the seed."""
+
+    spec: OpSpec
+    capsule: Any
+    label: str
+    direction: str
+    drawn: Callable[[], list[Sample]]
+    prepared: Callable[[], Iterable[tuple[Sample, str, str | None]]]
+
+
+def _sized_workload(capsule, settings: Settings, target_bytes: int | None) -> Workload:
+    """A capsule's samples at settings.size, resized to target_bytes per call when given."""
+    spec = get_spec(capsule.op.value)
+
+    def drawn():
+        named = settings.size.samples
+        return spec.samples(named, seeded_rng(spec.name, f"bench-{named}", settings.seed))
+    return Workload(spec, capsule, spec.name, "fwd", drawn, lambda: _samples(spec, settings, target_bytes))
+
+
+def _suite_workload(case, device, settings: Settings) -> Workload:
+    """One suite case at its own shapes; beyond the device's suite_limit its working set is the
+    reason it is skipped, before any memory is taken."""
+    from .registry import lookup
+    spec = get_spec(case.op)
+
+    def prepared():
+        limit = device.suite_limit
+        need = working_set(spec, dict(case.shapes), normalize_params(spec, case.params), case.direction)
+        if limit is not None and need > limit:
+            yield case.stand_in(), "", (f"working set {need / 2**20:.0f} MiB (inputs, output"
+                                        f"{', cotangent, gradients' if case.direction == 'bwd' else ''}) is beyond "
+                                        f"the {device.name} backend's {limit / 2**20:g} MiB for suite cases: "
+                                        f"time it on a GPU (--backend cuda)")
+            return
+        try:
+            sample = case.sample(settings.seed)
+        except MemoryError as exc:
+            yield case.stand_in(), "", f"out of memory: making its inputs: {exc}"
+            return
+        yield sample, "", None
+    return Workload(spec, lookup(f"native_cuda.{case.op}"), case.name, case.direction, lambda: [case.stand_in()],
+                    prepared)
+
+
 def run(capsules, device, settings: Settings, backend_note: str = "", *,
         progress: Callable[[int, int, str], None] | None = None, libraries: dict | None = None) -> BenchReport:
-    """Time every sample of each capsule at settings.size on `device`, with the baselines.
+    """Time every sample of each capsule at settings.size on `device`, with the baselines."""
+    target_bytes = resolve_target(settings.size, device)
+    return _run([_sized_workload(c, settings, target_bytes) for c in capsules], device, settings, backend_note,
+                target_bytes, progress, libraries)
 
-    Phase 1 times the kernels (and the CPU baselines); phase 2, on a GPU, hands the device over
+
+def run_suite(suite, device, settings: Settings, backend_note: str = "", *,
+              progress: Callable[[int, int, str], None] | None = None, libraries: dict | None = None) -> BenchReport:
+    """Time each case of a bench_suites.Suite at its own shapes (never resized) and in its
+    direction, with the baselines. settings.size is ignored: the run is recorded as the suite's."""
+    settings = replace(settings, size=Size("suite", suite.name), suite=suite.name)
+    return _run([_suite_workload(case, device, settings) for case in suite.cases], device, settings, backend_note,
+                None, progress, libraries)
+
+
+def _run(work: list[Workload], device, settings: Settings, backend_note: str, target_bytes: int | None,
+         progress, libraries) -> BenchReport:
+    """Phase 1 times the kernels (and the CPU baselines); phase 2, on a GPU, hands the device over
     to PyTorch and CuPy (a PyCUDA context and theirs are never interleaved) and times their twins
-    on the same inputs, regenerated from the same seed."""
+    on the same inputs, remade from the same seed."""
     started = time.perf_counter()
-    report = BenchReport(device.name, backend_note, device.facts(), settings, resolve_target(settings.size, device))
+    report = BenchReport(device.name, backend_note, device.facts(), settings, target_bytes)
     if device.kind == "cuda":
         from .kernels import COMPILE_FLAGS
         report.compile_flags = tuple(COMPILE_FLAGS)
@@ -800,7 +953,7 @@ def run(capsules, device, settings: Settings, backend_note: str = "", *,
             if name in settings.baselines}
     cpu_libs = [n for n in twins_table.BASELINES if n in libs and libs[n].device == "cpu"]
     gpu_libs = [n for n in twins_table.BASELINES if n in libs and libs[n].device != "cpu"]
-    total = len(capsules) * (2 if gpu_libs else 1)
+    total = len(work) * (2 if gpu_libs else 1)
     done = 0
     checker = TwinCheck(settings.seed)
     problems: dict[str, str | None] = {}
@@ -810,26 +963,25 @@ def run(capsules, device, settings: Settings, backend_note: str = "", *,
         if report.peaks.poisoned:
             poisoned = f"a peak measurement's launch failed: {report.peaks.poisoned}"
             report.errors.append(poisoned)
-        for capsule in capsules:
-            spec = get_spec(capsule.op.value)
+        for w in work:
             if progress:
-                progress(done, total, f"bench {spec.name}")
-            missing = f"not run: the CUDA context was lost ({poisoned})" if poisoned else device.unavailable(spec)
+                progress(done, total, f"bench {w.label}")
+            missing = (f"not run: the CUDA context was lost ({poisoned})" if poisoned
+                       else device.unavailable(w.spec, w.direction))
             if missing:  # skipped as drawn, without resizing
-                rng = seeded_rng(spec.name, f"bench-{settings.size.samples}", settings.seed)
-                report.cases += [_skipped(spec, capsule, s, missing) for s in spec.samples(settings.size.samples, rng)]
+                report.cases += [_skipped(w, s, missing) for s in w.drawn()]
                 done += 1
                 continue
-            for sample, note, failure in _samples(spec, settings, report.target_bytes, device):
+            for sample, note, failure in w.prepared():
                 if poisoned:
-                    report.cases.append(_skipped(spec, capsule, sample, f"not run: the CUDA context was lost ({poisoned})"))
+                    report.cases.append(_skipped(w, sample, f"not run: the CUDA context was lost ({poisoned})"))
                     continue
-                result, lost = _bench_case(spec, capsule, sample, note, failure, device, settings, report.peaks)
+                result, lost = _bench_case(w, sample, note, failure, device, settings, report.peaks)
                 if lost:
-                    poisoned = f"{spec.name} {sample.case}: {lost}"
+                    poisoned = f"{w.spec.name} {sample.case}: {lost}"
                 if result.status is CaseStatus.OK:
                     for name in cpu_libs:
-                        result.baselines.append(_baseline(libs[name], problems, spec, sample, result, settings,
+                        result.baselines.append(_baseline(libs[name], problems, w, sample, result, settings,
                                                           checker, device))
                 report.cases.append(result)
             done += 1
@@ -837,7 +989,7 @@ def run(capsules, device, settings: Settings, backend_note: str = "", *,
             progress(done, total, "bench")
         if gpu_libs and not poisoned:
             device.release()
-            _gpu_baselines(report, capsules, libs, gpu_libs, problems, settings, checker, device, progress, done, total)
+            _gpu_baselines(report, work, libs, gpu_libs, problems, settings, checker, device, progress, done, total)
         for name, lib in libs.items():
             if problems.get(name) is None and name in problems:
                 report.libraries[name] = lib.settings()
@@ -850,7 +1002,7 @@ def run(capsules, device, settings: Settings, backend_note: str = "", *,
     return report
 
 
-def _samples(spec: OpSpec, settings: Settings, target_bytes: int | None, device):
+def _samples(spec: OpSpec, settings: Settings, target_bytes: int | None):
     """(sample, resize note, failure) for each sample of the size; failure is an out-of-memory
     reason when the resized sample could not be made."""
     rng = seeded_rng(spec.name, f"bench-{settings.size.samples}", settings.seed)
@@ -867,9 +1019,9 @@ def _samples(spec: OpSpec, settings: Settings, target_bytes: int | None, device)
             yield sample, "", f"out of memory: {exc}"
 
 
-def _skipped(spec, capsule, sample, reason) -> CaseResult:
-    return CaseResult(spec.name, capsule.name, sample.case, _shape_line(sample), _shapes_record(sample),
-                      _jsonable(dict(sample.params)), CaseStatus.SKIPPED, reason)
+def _skipped(w: Workload, sample, reason) -> CaseResult:
+    return CaseResult(w.spec.name, w.capsule.name, sample.case, _shape_line(sample), _shapes_record(sample),
+                      _jsonable(dict(sample.params)), CaseStatus.SKIPPED, reason, direction=w.direction)
 
 
 def _shapes_record(sample: Sample) -> dict:
@@ -887,21 +1039,28 @@ def _failed(result: CaseResult, exc: Exception) -> tuple[CaseResult, str | None]
     return result, (str(exc) if getattr(exc, "poisoned", False) else None)
 
 
-def _bench_case(spec, capsule, sample, note, failure, device, settings, peaks) -> tuple[CaseResult, str | None]:
-    """One sample timed on the device: (result, why the CUDA context was lost or None)."""
-    result = _skipped(spec, capsule, sample, "")
+def _bench_case(w: Workload, sample, note, failure, device, settings, peaks) -> tuple[CaseResult, str | None]:
+    """One sample timed on the device in the workload's direction: (result, why the CUDA context
+    was lost or None)."""
+    spec = w.spec
+    result = _skipped(w, sample, "")
     result.resized = note
     if failure:
         result.reason = failure
         return result, None
     try:
-        arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         result.params = _jsonable(params)
-        result.cost = spec.cost(shapes_of(arrays), params)
+        g = None
+        if w.direction == "bwd":
+            result.cost = backward_cost(spec, shapes_of(arrays), params)
+            g = cotangent(spec, sample, out_shape, settings.seed)
+        else:
+            result.cost = spec.cost(shapes_of(arrays), params)
         if result.cost.bytes == 0 and result.cost.flops == 0:
             result.reason = "moves no bytes and computes nothing: no kernel to time"
             return result, None
-        target = device.kernel_target(spec, arrays, params)
+        target = device.kernel_target(spec, arrays, params, g)
     except NoKernel as exc:
         result.reason = str(exc)
         return result, None
@@ -915,12 +1074,17 @@ def _bench_case(spec, capsule, sample, note, failure, device, settings, peaks) -
         target.close()
     result.status, result.reason = CaseStatus.OK, ""
     result.throughput = throughput(result.cost, result.measurement.summary.median, peaks)
+    if w.direction == "bwd":  # no flop model: only the traffic against the copy bandwidth
+        result.throughput = replace(result.throughput, gflops=None, intensity=None)
     return result, None
 
 
-def _baseline(lib, problems: dict, spec: OpSpec, sample: Sample, case: CaseResult, settings: Settings,
+def _baseline(lib, problems: dict, w: Workload, sample: Sample, case: CaseResult, settings: Settings,
               checker: TwinCheck, device) -> BaselineResult:
+    spec = w.spec
     why = twins_table.exclusion(spec.name, lib.name)
+    if not why and w.direction == "bwd" and not lib.differentiates:
+        why = f"no backward twin: {lib.name} does not differentiate"
     note = twins_table.TWINS[spec.name].note if spec.name in twins_table.TWINS else ""
     if why:
         return BaselineResult(lib.name, lib.device, BaselineStatus.EXCLUDED, why)
@@ -929,7 +1093,7 @@ def _baseline(lib, problems: dict, spec: OpSpec, sample: Sample, case: CaseResul
     if problems[lib.name]:
         return BaselineResult(lib.name, lib.device, BaselineStatus.UNAVAILABLE, problems[lib.name])
     twin = twins_table.TWINS[spec.name].for_library(lib.name)
-    mismatch = checker.problem(spec, lib, twin)
+    mismatch = checker.problem(spec, lib, twin, w.direction)
     if mismatch:
         return BaselineResult(lib.name, lib.device, BaselineStatus.EXCLUDED, mismatch, note=note)
     flush_bytes = 2 * device.cache_bytes if lib.device == device.kind else 2 * cpu_cache_bytes()
@@ -940,9 +1104,15 @@ def _baseline(lib, problems: dict, spec: OpSpec, sample: Sample, case: CaseResul
         rule = replace(rule, max_time_s=min(rule.max_time_s, CPU_BASELINE_MAX_S))
     target = None
     try:
-        arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         data = lib.to_library(arrays)
-        target = lib.target(lambda: lib.call(twin, data, params), flush_bytes)
+        if w.direction == "bwd":
+            call = lib.backward_call(twin, data, params, cotangent(spec, sample, out_shape, settings.seed),
+                                     spec.differentiable)
+        else:
+            def call():
+                return lib.call(twin, data, params)
+        target = lib.target(call, flush_bytes)
         m = measure(target, rule, settings.cold)
     except Exception as exc:
         status = BaselineStatus.SKIPPED if _is_oom(exc) else BaselineStatus.ERROR
@@ -952,25 +1122,24 @@ def _baseline(lib, problems: dict, spec: OpSpec, sample: Sample, case: CaseResul
     finally:
         if target is not None:
             target.close()
-        data = None
+        data = call = None
         lib.cleanup()
     kernel = case.measurement.summary.median
     return BaselineResult(lib.name, lib.device, BaselineStatus.OK, "", m,
                           m.summary.median / kernel if kernel > 0 else None, note)
 
 
-def _gpu_baselines(report, capsules, libs, names, problems, settings, checker, device, progress, done, total):
+def _gpu_baselines(report, work, libs, names, problems, settings, checker, device, progress, done, total):
     by_key = {(c.op, c.case): c for c in report.cases}
-    for capsule in capsules:
-        spec = get_spec(capsule.op.value)
+    for w in work:
         if progress:
-            progress(done, total, f"baselines {spec.name}")
-        for sample, _note, failure in _samples(spec, settings, report.target_bytes, device):
-            case = by_key.get((spec.name, sample.case))
+            progress(done, total, f"baselines {w.label}")
+        for sample, _note, failure in w.prepared():
+            case = by_key.get((w.spec.name, sample.case))
             if case is None or case.status is not CaseStatus.OK or failure:
                 continue
             for name in names:
-                case.baselines.append(_baseline(libs[name], problems, spec, sample, case, settings, checker, device))
+                case.baselines.append(_baseline(libs[name], problems, w, sample, case, settings, checker, device))
         done += 1
     if progress:
         progress(done, total, "bench")

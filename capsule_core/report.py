@@ -319,12 +319,14 @@ def bench_record(report, tool_version: str = "") -> dict:
     cases = []
     for c in report.cases:
         t = c.throughput
+        flops_modelled = c.direction == "fwd"  # the cost models have no backward flops
         cases.append({
-            "op": c.op, "capsule": c.capsule, "case": c.case, "shape": c.shape, "shapes": c.shapes, "params": c.params,
-            "status": c.status.value, "reason": c.reason, "resized": c.resized,
+            "op": c.op, "capsule": c.capsule, "case": c.case, "direction": c.direction, "shape": c.shape,
+            "shapes": c.shapes, "params": c.params, "status": c.status.value, "reason": c.reason, "resized": c.resized,
             "cost": None if c.cost is None else {
                 "bytes_read": c.cost.bytes_read, "bytes_written": c.cost.bytes_written, "bytes": c.cost.bytes,
-                "flops": c.cost.flops, "intensity": _num(c.cost.intensity) if c.cost.bytes else None},
+                "flops": c.cost.flops if flops_modelled else None,
+                "intensity": _num(c.cost.intensity) if c.cost.bytes and flops_modelled else None},
             "time": _time_record(c.measurement),
             "gbps": _num(t.gbps) if t else None, "gflops": _num(t.gflops) if t else None,
             "intensity": _num(t.intensity) if t else None, "bound": t.bound if t else None,
@@ -343,7 +345,7 @@ def bench_record(report, tool_version: str = "") -> dict:
                      "grow_only": settings.size.grow_only, "cold": settings.cold, "noise": rule.noise,
                      "min_samples": rule.min_samples, "max_time_s": rule.max_time_s, "warmup_ms": rule.warmup_ms,
                      "batch_ms": rule.batch_ms, "max_samples": rule.max_samples, "seed": settings.seed,
-                     "baselines": list(settings.baselines)},
+                     "baselines": list(settings.baselines), "suite": settings.suite},
         "compile_flags": list(report.compile_flags),
         "libraries": report.libraries,
         "peaks": None if peaks is None else {
@@ -434,12 +436,16 @@ def bench_rows(report) -> list[dict]:
 def _bench_header(report) -> list[str]:
     s = report.settings
     rule = s.rule
-    size = s.size.label if s.size.label == s.size.samples else f"{s.size.label}, from the {s.size.samples} samples"
+    if s.suite is not None:
+        size = f"suite {s.suite}: fixed shapes, never resized (bwd: the VJP, judged by its traffic)"
+    else:
+        size = "size " + (s.size.label if s.size.label == s.size.samples
+                          else f"{s.size.label}, from the {s.size.samples} samples")
     if report.target_bytes is not None:
         size += f" resized to ~{report.target_bytes / 1e6:.4g} MB moved per call"
     lines = [f"capsules bench: {report.backend_note or report.backend}",
              f"device: {report.device.get('description')}; timer: {report.device.get('timer')}",
-             f"size {size}; {'cold (cache flushed before each call)' if s.cold else 'warm caches'}; "
+             f"{size}; {'cold (cache flushed before each call)' if s.cold else 'warm caches'}; "
              f"stop when the IQR is under {100 * rule.noise:g}% of the median after >= {rule.min_samples} samples, "
              f"or after {rule.max_time_s:g} s; warm-up {rule.warmup_ms:g} ms"]
     p = report.peaks
@@ -512,8 +518,8 @@ def bench_csv(report) -> str:
     import io
 
     columns = [n for n in BENCH_BASELINES if n in report.settings.baselines]
-    fields = ["op", "capsule", "case", "shape", "status", "reason", "median_s", "q1_s", "q3_s", "rel_iqr", "samples",
-              "stop", "bytes", "flops", "intensity", "gbps", "gflops", "bound", "peak_pct"]
+    fields = ["op", "capsule", "case", "direction", "shape", "status", "reason", "median_s", "q1_s", "q3_s", "rel_iqr",
+              "samples", "stop", "bytes", "flops", "intensity", "gbps", "gflops", "bound", "peak_pct"]
     for name in columns:
         fields += [f"{name}_status", f"{name}_median_s", f"{name}_ratio"]
     if report.comparison is not None:
@@ -524,16 +530,16 @@ def bench_csv(report) -> str:
     changes = {(ch.op, ch.case, ch.shape): ch for ch in report.comparison.changes} if report.comparison else {}
     for c in report.cases:
         m, t = c.measurement, c.throughput
-        row = {"op": c.op, "capsule": c.capsule, "case": c.case, "shape": c.shape, "status": c.status.value,
-               "reason": c.reason}
+        row = {"op": c.op, "capsule": c.capsule, "case": c.case, "direction": c.direction, "shape": c.shape,
+               "status": c.status.value, "reason": c.reason}
         if m is not None:
             row.update(median_s=repr(m.summary.median), q1_s=repr(m.summary.q1), q3_s=repr(m.summary.q3),
                        rel_iqr=f"{m.summary.rel_iqr:.6g}", samples=m.summary.n, stop=m.stop)
         if c.cost is not None:
-            row.update(bytes=c.cost.bytes, flops=c.cost.flops)
+            row.update(bytes=c.cost.bytes, flops=c.cost.flops if c.direction == "fwd" else "")
         if t is not None:
             row.update(intensity="" if t.intensity is None else f"{t.intensity:.6g}", gbps=f"{t.gbps:.6g}",
-                       gflops=f"{t.gflops:.6g}", bound=t.bound or "",
+                       gflops="" if t.gflops is None else f"{t.gflops:.6g}", bound=t.bound or "",
                        peak_pct="" if t.peak_pct is None else f"{t.peak_pct:.4g}")
         for b in c.baselines:
             if b.name in columns:

@@ -27,8 +27,12 @@ class BaselineOption(str, Enum):
 def bench(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    size: Annotated[str, typer.Option(help="small, medium, large, a byte count moved per call (256MB, 1GiB), or auto: "
-                                           "large on the CPU, grown to 4x the L2 on a GPU.")] = "auto",
+    suite: Annotated[Optional[str], typer.Option(
+        help="A named suite of fixed workloads instead of NAMES, --all and --size: reference (the kernel "
+             "review's shapes, forward and backward; on numpy, cases over 128 MiB are skipped).")] = None,
+    size: Annotated[Optional[str], typer.Option(
+        help="small, medium, large, a byte count moved per call (256MB, 1GiB), or auto (the default): "
+             "large on the CPU, grown to 4x the L2 on a GPU.")] = None,
     backend: Annotated[Optional[BenchBackend], typer.Option(help="Default: cuda when a GPU answers, else numpy "
                                                                  "(said in one line).")] = None,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
@@ -61,28 +65,42 @@ def bench(
     CPU, only where they compute the same thing (the rest are listed with the reason).
     Exit 0; 1 on a regression under --compare or a kernel that failed; 2 usage; 3 missing GPU or matplotlib.
 
-    Example: capsules bench relu softmax matmul --backend numpy --json out.json
+    Examples: capsules bench relu softmax matmul --backend numpy --json out.json;
+    on a GPU, the whole performance table: capsules bench --suite reference --json reference.json
     """
     import importlib.util
 
     from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, _progress, fail
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
 
-    if not names and not all_:
-        raise fail("NAME: give capsule names or --all", EXIT_USAGE)
-    from capsule_core import native_cuda, registry
-    try:
-        capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
-    except UnknownNameError as exc:
-        raise fail(str(exc), EXIT_USAGE)
-    foreign = [c.name for c in capsules if c.module != "native_cuda"]
-    if foreign:
-        raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules", EXIT_USAGE)
+    chosen_suite, capsules = None, []
+    if suite is not None:
+        given = [label for label, present in (("NAME", bool(names)), ("--all", all_), ("--size", size is not None))
+                 if present]
+        if given:
+            raise fail(f"--suite: cannot be combined with {', '.join(given)} (a suite fixes its ops and shapes)",
+                       EXIT_USAGE)
+        from capsule_core.bench_suites import SUITES
+        if suite not in SUITES:
+            raise fail(f"--suite: unknown suite {suite!r} (suites: {', '.join(SUITES)})", EXIT_USAGE)
+        chosen_suite = SUITES[suite]
+    elif not names and not all_:
+        raise fail("NAME: give capsule names, --all or --suite reference", EXIT_USAGE)
+    else:
+        from capsule_core import native_cuda, registry
+        try:
+            capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
+        except UnknownNameError as exc:
+            raise fail(str(exc), EXIT_USAGE)
+        foreign = [c.name for c in capsules if c.module != "native_cuda"]
+        if foreign:
+            raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules",
+                       EXIT_USAGE)
 
     from capsule_core import bench as engine
     from capsule_core import report
     try:
-        chosen_size = engine.parse_size(size)
+        chosen_size = engine.parse_size(size or "auto")
         rule = engine.StoppingRule(noise=engine.parse_percent(noise, "--noise"), min_samples=min_samples,
                                    max_time_s=max_time, warmup_ms=warmup)
         limit = engine.parse_percent(threshold, "--threshold")
@@ -128,12 +146,15 @@ def bench(
     settings = engine.Settings(chosen_size, cold, rule, libraries, seed)
 
     with _progress() as bar:
-        task = bar.add_task("bench", total=len(capsules)) if bar else None
+        task = bar.add_task("bench", total=len(chosen_suite.cases if chosen_suite else capsules)) if bar else None
 
         def progress(done: int, total: int, label: str):
             if bar:
                 bar.update(task, total=total, completed=done, description=label)
-        result = engine.run(capsules, bench_device, settings, note, progress=progress)
+        if chosen_suite is not None:
+            result = engine.run_suite(chosen_suite, bench_device, settings, note, progress=progress)
+        else:
+            result = engine.run(capsules, bench_device, settings, note, progress=progress)
     if previous is not None:
         result.comparison = engine.compare(previous, result, limit, str(compare))
 

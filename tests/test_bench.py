@@ -298,10 +298,10 @@ class ToyDevice(bench.NumpyDevice):
         super().__init__()
         self.oom_ops, self.missing = oom_ops, missing
 
-    def unavailable(self, spec):
+    def unavailable(self, spec, direction="fwd"):
         return "no launch plan: its kernels are not written yet" if spec.name in self.missing else None
 
-    def kernel_target(self, spec, arrays, params):
+    def kernel_target(self, spec, arrays, params, cotangent=None):
         if spec.name in self.oom_ops:
             raise MemoryError("needs 10 GB of GPU memory for its buffers, 1 GB free")
         return Stream(forever([1e-4]))
@@ -363,7 +363,7 @@ def test_out_of_memory_while_resizing_is_a_skip(monkeypatch):
 
 def test_a_failing_kernel_is_an_error_and_exit_1():
     class Broken(ToyDevice):
-        def kernel_target(self, spec, arrays, params):
+        def kernel_target(self, spec, arrays, params, cotangent=None):
             raise RuntimeError("illegal address")
     settings = bench.Settings(bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1),
                               baselines=())
@@ -444,7 +444,7 @@ def test_parse_percent():
 SCHEMA_KEYS = {"schema", "schema_version", "tool_version", "created", "backend", "backend_note", "device", "host",
                "settings", "compile_flags", "libraries", "peaks", "cases", "excluded", "comparison", "errors",
                "interrupted", "seconds", "exit_code"}
-CASE_KEYS = {"op", "capsule", "case", "shape", "shapes", "params", "status", "reason", "resized", "cost", "time",
+CASE_KEYS = {"op", "capsule", "case", "direction", "shape", "shapes", "params", "status", "reason", "resized", "cost", "time",
              "gbps", "gflops", "intensity", "bound", "peak_pct", "baselines"}
 TIME_KEYS = {"timer", "median_s", "q1_s", "q3_s", "iqr_s", "rel_iqr", "min_s", "max_s", "mean_s", "samples", "stop",
              "converged", "warmup_calls", "warmup_s", "batches", "batch_size", "cold", "guarded", "raw_s"}
@@ -753,7 +753,7 @@ def test_cli_bench_writes_every_format(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    ((), 2, "give capsule names or --all"),
+    ((), 2, "give capsule names, --all or --suite reference"),
     (("nosuchop",), 2, "unknown"),
     (("reference.relu",), 2, "launch no CUDA kernel"),
     (("relu", "--size", "enormous"), 2, "--size"),
