@@ -21,6 +21,14 @@ variance, a truncated constant ...) and GAPS (bugs verify misses today, each wit
 what would catch it). LEGIT holds the other side: different but sane float32 implementations
 (another summation order, Welford, another tie winner, numpy.fft) that must raise no alarm.
 Run `python tests/mutants.py` for the per-mutant table (which check killed what).
+
+KERNEL_MUTANTS are bugs planted in the CUDA sources themselves (design §8): each replaces one exact
+piece of text, which must occur exactly once, in a temporary copy of cuda/ that the emu backend
+builds (EmuBackend(family_dir=...); the repository's cuda/ is never touched), and `verify op
+--backend emu` must FAIL an expected check. A family build takes 5 to 30 s, so the default tests
+(tests/test_kernel_mutants.py) plant KERNEL_REPRESENTATIVES, one per family; `python
+tests/mutants.py --kernels [ID ...]` runs the whole catalog (builds side by side, one per core) and
+prints its table and score, exit 1 on a surprise.
 """
 
 from __future__ import annotations
@@ -1217,9 +1225,9 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "for (int i = 1; i < warps; ++i) r = merge(r, slots[i]);",
                  "batch_norm", "dropped barrier", "the next part's merge overwrites slots while other threads may still "
                  "read the last one's", ("value",),
-                 gap="a write-after-read race the emulator's schedule hides: every thread reads the slots right after "
-                     "the barrier, and no warp leader gets through the next warp_merge's shuffles before all have; "
-                     "sanitize.racecheck is the check for it"),
+                 gap="unreachable under the plans: each block merges once (batch_norm's grid has a block per "
+                     "(channel, part), layer_norm's long rows a block per row), so no second merge overwrites the "
+                     "slots; sanitize.racecheck passes it too. A grid with fewer blocks than merges would show it"),
     # conv_pool
     KernelMutant("conv-gemm-dropped-barrier", "conv_pool.cu",
                  "corr_store<T>(ra, rb, As, Bs, tid);\n            __syncthreads();", "corr_store<T>(ra, rb, As, Bs, tid);",
