@@ -61,7 +61,8 @@ def test_kernel_catalog_is_current_and_covers_every_family_and_kind():
 
 @pytest.mark.parametrize("source, count", [("__syncthreads();", 0), ("acc = 0; acc = 0;", 2)])
 def test_a_stale_mutant_fails_loudly(source, count):
-    stale = KernelMutant("stale", "reduce.cu", "acc = 0;", "acc = 1;", "reduce_sum", "wrong identity", "stale", ("value",))
+    stale = KernelMutant("stale", "reduce.cu", "acc = 0;", "acc = 1;", "reduce_sum", "wrong identity", "stale",
+                         ("value",))
     with pytest.raises(StaleMutant, match=f"kernel mutant stale: its source text occurs {count} times in "
                                           "cuda/reduce.cu, not once"):
         stale.planted(source)
