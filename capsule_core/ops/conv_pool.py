@@ -18,8 +18,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import ParamError, ShapeError
-from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample, Tensor,
-                   f32, numel, order_terms, require_rank, seeded_rng)
+from .base import (ORDER_LENGTH, SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
+                   Tensor, f32, numel, order_terms, require_rank, seeded_rng)
 
 STRIDE = Param("stride", "per_axis", default=1, doc="step between windows, >= 1 (int: every axis)")
 PADDING = Param("padding", "per_axis", default=0, doc="zeros added on both sides, >= 0 (int: every axis)")
@@ -320,9 +320,15 @@ CONV_TRANSPOSE_EDGES = (
 )
 
 
-def _order_rows() -> np.ndarray:
+WINDOW_ORDER_LENGTH = 1027
+"""Taps of conv's order-window case: shorter than ORDER_LENGTH because a one-channel window of n
+taps is n reduction steps of the implicit GEMM in each of ~n/128 blocks of its backward (n² work:
+350 s on the emulator at 4099 taps, 22 s at 1027); 2²⁴ still swallows every one of its 1025 ones."""
+
+
+def _order_rows(n: int = ORDER_LENGTH) -> np.ndarray:
     """The three orders of order_terms as rows (3, n): one batch element per order."""
-    return np.stack(list(order_terms().values()))
+    return np.stack(list(order_terms(n).values()))
 
 
 def _conv_order_inputs(transposed: bool):
@@ -335,7 +341,9 @@ def _conv_order_inputs(transposed: bool):
                     "b": np.zeros(1, np.float32)}
         out = [Sample(channels, {}, "order-channels", True)]
         if not transposed:
-            window = {"x": rows[:, None, :], "w": np.ones((1, 1, n), np.float32), "b": np.zeros(1, np.float32)}
+            rows = _order_rows(WINDOW_ORDER_LENGTH)
+            window = {"x": rows[:, None, :], "w": np.ones((1, 1, WINDOW_ORDER_LENGTH), np.float32),
+                      "b": np.zeros(1, np.float32)}
             out.append(Sample(window, {}, "order-window", True))
         return out
     return order_inputs
