@@ -288,7 +288,7 @@ def _death(exitcode: int | None) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        return f"the worker process was killed by {name}" + (" (the OOM killer sends it)" if name == "SIGKILL" else "")
+        return f"the worker process was killed by {name}" + (" (kill -9, or the OOM killer)" if name == "SIGKILL" else "")
     return f"the worker process exited with code {exitcode}"
 
 
