@@ -25,6 +25,7 @@ _BINARY_FWD = ("const float* __restrict__ x", "const float* __restrict__ y", "fl
 _BINARY_BWD = ("const float* __restrict__ x", "const float* __restrict__ y", "const float* __restrict__ g",
                "float* __restrict__ dx", "float* __restrict__ dy") + _N
 _ROWS = ("int64_t rows", "int64_t cols")
+_CHUNKED_ROWS = _ROWS + ("int64_t chunk",)
 _AXIS3 = ("int64_t outer", "int64_t size", "int64_t inner")
 _GEOM = ("int64_t d", "int64_t h", "int64_t w", "int64_t od", "int64_t oh", "int64_t ow",
          "int64_t kd", "int64_t kh", "int64_t kw", "int64_t sd", "int64_t sh", "int64_t sw",
@@ -65,6 +66,18 @@ def _unary(description: str, value: str, vjp: str, extra: tuple[str, ...] = ()) 
 
 def _binary(description: str, value: str, vjp: str) -> _Op:
     return _Op("pointwise", description, value, vjp, (("fwd", _BINARY_FWD), ("bwd", _BINARY_BWD)))
+
+
+def _row_kernels(*scores: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A row op's entry points (cuda/softmax.cu): per direction the lane-group kernel, the block
+    per row, and the split-row pair (chunk partials into a workspace, then the finish)."""
+    x, yg = _in(*scores), _in("y", "g")
+    return (("fwd", x + _out("y") + _ROWS), ("fwd_block", x + _out("y") + _ROWS),
+            ("fwd_partials", x + _out("partials") + _CHUNKED_ROWS),
+            ("fwd_finish", x + _in("partials") + _out("y") + _CHUNKED_ROWS),
+            ("bwd", yg + _out("dx") + _ROWS), ("bwd_block", yg + _out("dx") + _ROWS),
+            ("bwd_partials", yg + _out("partials") + _CHUNKED_ROWS),
+            ("bwd_finish", yg + _in("partials") + _out("dx") + _CHUNKED_ROWS))
 
 
 _OPS: dict[BackendOp, _Op] = {
@@ -125,18 +138,16 @@ _OPS: dict[BackendOp, _Op] = {
     BackendOp.LOG_SOFTMAX: _Op(
         "softmax", "Native-CUDA log-softmax reduction and normalization.",
         "Each row of the last axis becomes (x − m) − ln Σ exp(x − m) with m the row maximum.",
-        "dx = g − exp(y)·Σ g per row.",
-        (("fwd", _in("x") + _out("y") + _ROWS), ("bwd", _in("y", "g") + _out("dx") + _ROWS))),
+        "dx = g − exp(y)·Σ g per row.", _row_kernels("x")),
     BackendOp.SOFTMAX: _Op(
         "softmax", "Native CUDA row/axis softmax kernels.",
         "Each row of the last axis becomes exp(x − m)/Σ exp(x − m) with m the row maximum.",
-        "dx = y·(g − Σ g·y) per row.",
-        (("fwd", _in("x") + _out("y") + _ROWS), ("bwd", _in("y", "g") + _out("dx") + _ROWS))),
+        "dx = y·(g − Σ g·y) per row.", _row_kernels("x")),
     BackendOp.HARD_MASKED_SOFTMAX: _Op(
         "softmax", "Native CUDA hard-masked row softmax.",
         "Softmax over the entries whose mask is nonzero, exactly 0 elsewhere; a row with nothing allowed is zeros.",
         "dx = y·(g − Σ g·y) per row, so 0 at blocked entries; the mask gets no gradient.",
-        (("fwd", _in("x", "mask") + _out("y") + _ROWS), ("bwd", _in("y", "g") + _out("dx") + _ROWS))),
+        _row_kernels("x", "mask")),
     BackendOp.REDUCE_SUM: _Op(
         "reduce", "Native-CUDA sum reduction.",
         "The sum over one axis (removed) or over everything (a scalar); an empty sum is 0.",

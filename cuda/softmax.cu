@@ -1,12 +1,22 @@
 // softmax, log_softmax and hard_masked_softmax over the last axis: rows x cols, cols >= 1.
 //
-// Rows of up to CAPSULE_SOFTMAX_GROUP_COLS columns: a group of lanes per row (1 to 32 lanes, several
-// rows per warp, several warps per block), the row held in registers, reductions by warp shuffles.
-// Longer rows: one block per row, three passes over the row (max, sum of exp, write) with 16-byte
-// accesses where the buffers' rows are equally aligned, block reductions through shared memory.
+// Three paths, each its own entry points so that registers (and occupancy) fit the path:
+// - capsule_<op>_{fwd,bwd}: rows of up to CAPSULE_SOFTMAX_GROUP_COLS columns (GRAD_GROUP_COLS
+//   backward): a group of lanes per row (1 to 32 lanes, several rows per warp, several warps per
+//   block), the row held in registers, reductions by warp shuffles. Longer rows fall back to the
+//   block path, so any shape is correct (built for 4 blocks of CAPSULE_SOFTMAX_THREADS per
+//   multiprocessor, at most 64 registers).
+// - capsule_<op>_{fwd,bwd}_block: one block per row, passes over the row (max, sum of exp, write;
+//   backward: the dot, write) with 16-byte loads, several in flight per thread, and 16-byte
+//   stores where the buffers' rows are equally aligned; block reductions through shared memory.
+// - capsule_<op>_{fwd,bwd}_partials and _finish (few long rows, which would leave most of the
+//   device idle with a block per row): each row cut into chunks of `chunk` columns, a block per
+//   chunk. _partials writes per chunk the maximum m_c and the sum of exp(x - m_c) (forward) or
+//   the partial dot (backward) into a workspace, planes of rows * chunks; _finish combines the
+//   row's partials in a fixed order (every block of a row the same bits) and writes its chunk.
+//   The lean kernels are built for CAPSULE_SOFTMAX_LEAN_BLOCKS blocks per multiprocessor.
 // Every reduction has a fixed order for a given launch: no atomics, the same bits run to run.
-// Launch contract: blockDim.x a multiple of 32, at most CAPSULE_SOFTMAX_THREADS (built for 4 such blocks
-// per multiprocessor, so at most 64 registers); any grid size.
+// Launch contract: blockDim.x a multiple of 32, at most CAPSULE_SOFTMAX_THREADS; any grid size.
 #include "softmax.cuh"
 
 namespace {
@@ -40,24 +50,45 @@ __device__ __forceinline__ float load_score(const float* __restrict__ x, const f
     return x[i];
 }
 
+// The float4 at i (16-byte aligned), read-only.
+__device__ __forceinline__ float4 load_vec4(const float* __restrict__ p, int64_t i) {
+    return __ldg(reinterpret_cast<const float4*>(p + i));
+}
+
+// One 16-byte store (st.global.cg.v4.f32): a float4 assigned through a cast pointer came out as
+// four 4-byte stores.
+__device__ __forceinline__ void store_vec4(float* __restrict__ p, int64_t i, float4 v) {
+    __stcg(reinterpret_cast<float4*>(p + i), v);
+}
+
 template <int OP>
 __device__ __forceinline__ float4 load_score4(const float* __restrict__ x, const float* __restrict__ mask, int64_t i) {
-    float4 v = *reinterpret_cast<const float4*>(x + i);
+    float4 v = load_vec4(x, i);
     if (OP == CAPSULE_MASKED_SOFTMAX) {
-        const float4 m = *reinterpret_cast<const float4*>(mask + i);
+        const float4 m = load_vec4(mask, i);
         v = make_float4(capsule_masked_score(v.x, m.x), capsule_masked_score(v.y, m.y),
                         capsule_masked_score(v.z, m.z), capsule_masked_score(v.w, m.w));
     }
     return v;
 }
 
-// Visits a row of `len` split by `split`: one(i) for scalar elements, four(i) for the float4 at i.
-template <class One, class Four>
-__device__ __forceinline__ void block_visit(int64_t len, CapsuleRowSplit split, One one, Four four) {
+// Visits a row (or chunk) of `len` split by `split`, each thread every blockDim.x-th element:
+// one(i) for the scalar head and tail; over the float4 body load(i) then use(i, loaded), U float4s
+// at a time whose loads all come first (one loop test per U: they are in flight together), then
+// the rest one at a time.
+template <int U, class One, class Load, class Use>
+__device__ __forceinline__ void block_visit(int64_t len, CapsuleRowSplit split, One one, Load load, Use use) {
     const int64_t step = blockDim.x;
     for (int64_t i = threadIdx.x; i < split.head; i += step) one(i);
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < split.body4; j += step) four(split.head + 4 * j);
+    int64_t j = threadIdx.x;
+    for (; j + (U - 1) * step < split.body4; j += U * step) {
+        decltype(load(int64_t{0})) v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = load(split.head + 4 * (j + u * step));
+#pragma unroll
+        for (int u = 0; u < U; ++u) use(split.head + 4 * (j + u * step), v[u]);
+    }
+    for (; j < split.body4; j += step) use(split.head + 4 * j, load(split.head + 4 * j));
     for (int64_t i = split.head + 4 * split.body4 + threadIdx.x; i < len; i += step) one(i);
 }
 
@@ -159,6 +190,64 @@ __device__ void forward_group(const float* __restrict__ x, const float* __restri
     }
 }
 
+// Passes of a block over a segment of scores (a row, or a chunk of one) at xs (mask ms),
+// `split` for 16-byte accesses. Each returns this thread's share; the caller reduces the block.
+// Float4s in flight per thread: 4 of x, or 2 each of x and the mask; the write pass, whose
+// division has a slow-path call, 2 of x (or x and the mask) within 32 registers.
+template <int OP>
+constexpr int kScoreUnroll = OP == CAPSULE_MASKED_SOFTMAX ? 2 : 4;
+constexpr int kWriteUnroll = 2;
+
+template <int OP>
+__device__ __forceinline__ float segment_max(const float* __restrict__ xs, const float* __restrict__ ms, int64_t len,
+                                             CapsuleRowSplit split) {
+    float m = -INFINITY;
+    block_visit<kScoreUnroll<OP>>(
+        len, split, [&](int64_t i) { m = capsule_nanmax(m, load_score<OP>(xs, ms, i)); },
+        [&](int64_t i) { return load_score4<OP>(xs, ms, i); },
+        [&](int64_t, float4 v) { m = capsule_nanmax(m, max4(v)); });
+    return m;
+}
+
+template <int OP>
+__device__ __forceinline__ float segment_exp_sum(const float* __restrict__ xs, const float* __restrict__ ms,
+                                                 int64_t len, CapsuleRowSplit split, float shift) {
+    float s = 0.0f;
+    block_visit<kScoreUnroll<OP>>(
+        len, split, [&](int64_t i) { s += capsule_exp_term(load_score<OP>(xs, ms, i), shift); },
+        [&](int64_t i) { return load_score4<OP>(xs, ms, i); },
+        [&](int64_t, float4 v) {
+            s += (capsule_exp_term(v.x, shift) + capsule_exp_term(v.y, shift)) +
+                 (capsule_exp_term(v.z, shift) + capsule_exp_term(v.w, shift));
+        });
+    return s;
+}
+
+// ys[i] = the row value of op; 16-byte stores on the body (ys aligned as xs where split has one).
+template <int OP>
+__device__ __forceinline__ void segment_write(const float* __restrict__ xs, const float* __restrict__ ms,
+                                              float* __restrict__ ys, int64_t len, CapsuleRowSplit split, float shift,
+                                              float d) {
+    block_visit<kWriteUnroll>(
+        len, split, [&](int64_t i) { ys[i] = capsule_row_value(OP, load_score<OP>(xs, ms, i), shift, d); },
+        [&](int64_t i) { return load_score4<OP>(xs, ms, i); },
+        [&](int64_t i, float4 v) {
+            store_vec4(ys, i, make_float4(capsule_row_value(OP, v.x, shift, d), capsule_row_value(OP, v.y, shift, d),
+                                          capsule_row_value(OP, v.z, shift, d), capsule_row_value(OP, v.w, shift, d)));
+        });
+}
+
+// The split of a segment for 16-byte accesses: the body only where every buffer the pass touches
+// is aligned as xs (ys null: none written).
+template <int OP>
+__device__ __forceinline__ CapsuleRowSplit segment_split(const float* xs, const float* ms, const float* ys,
+                                                         int64_t len) {
+    const bool vector = (ys == nullptr || same_alignment(xs, ys)) &&
+                        (OP != CAPSULE_MASKED_SOFTMAX || same_alignment(xs, ms));
+    return capsule_row_split(reinterpret_cast<uintptr_t>(xs), len, vector);
+}
+
+// A block per row: the maximum, the sum of exp, then the write.
 template <int OP>
 __device__ void forward_block(const float* __restrict__ x, const float* __restrict__ mask, float* __restrict__ y,
                               int64_t rows, int64_t cols) {
@@ -167,32 +256,72 @@ __device__ void forward_block(const float* __restrict__ x, const float* __restri
         const float* xr = x + row * cols;
         const float* mr = OP == CAPSULE_MASKED_SOFTMAX ? mask + row * cols : nullptr;
         float* yr = y + row * cols;
-        const bool vector = same_alignment(xr, yr) && (OP != CAPSULE_MASKED_SOFTMAX || same_alignment(xr, mr));
-        const CapsuleRowSplit split = capsule_row_split(reinterpret_cast<uintptr_t>(xr), cols, vector);
-
-        float m = -INFINITY;
-        block_visit(cols, split, [&](int64_t i) { m = capsule_nanmax(m, load_score<OP>(xr, mr, i)); },
-                    [&](int64_t i) { m = capsule_nanmax(m, max4(load_score4<OP>(xr, mr, i))); });
-        m = block_max(m, scratch);
+        const CapsuleRowSplit split = segment_split<OP>(xr, mr, yr, cols);
+        const float m = block_max(segment_max<OP>(xr, mr, cols, split), scratch);
         const float shift = capsule_row_shift(OP, m);
-
-        float s = 0.0f;
-        block_visit(cols, split, [&](int64_t i) { s += capsule_exp_term(load_score<OP>(xr, mr, i), shift); },
-                    [&](int64_t i) {
-                        const float4 v = load_score4<OP>(xr, mr, i);
-                        s += (capsule_exp_term(v.x, shift) + capsule_exp_term(v.y, shift)) +
-                             (capsule_exp_term(v.z, shift) + capsule_exp_term(v.w, shift));
-                    });
-        s = block_sum(s, scratch);
+        const float s = block_sum(segment_exp_sum<OP>(xr, mr, cols, split, shift), scratch);
         const float d = OP == CAPSULE_LOG_SOFTMAX ? logf(s) : capsule_row_denominator(OP, m, s);
+        segment_write<OP>(xr, mr, yr, cols, split, shift, d);
+    }
+}
 
-        block_visit(cols, split, [&](int64_t i) { yr[i] = capsule_row_value(OP, load_score<OP>(xr, mr, i), shift, d); },
-                    [&](int64_t i) {
-                        const float4 v = load_score4<OP>(xr, mr, i);
-                        *reinterpret_cast<float4*>(yr + i) =
-                            make_float4(capsule_row_value(OP, v.x, shift, d), capsule_row_value(OP, v.y, shift, d),
-                                        capsule_row_value(OP, v.z, shift, d), capsule_row_value(OP, v.w, shift, d));
-                    });
+// Split rows, first launch: a block per chunk q = row * chunks + c writes the chunk's maximum m_c
+// to partials[q] and its sum of exp(x - capsule_chunk_shift(m_c)) to partials[rows * chunks + q].
+template <int OP>
+__device__ void forward_partials(const float* __restrict__ x, const float* __restrict__ mask,
+                                 float* __restrict__ partials, int64_t rows, int64_t cols, int64_t chunk) {
+    __shared__ float scratch[32];
+    const int64_t chunks = capsule_softmax_chunks(cols, chunk);
+    const int64_t segments = rows * chunks;
+    for (int64_t q = blockIdx.x; q < segments; q += gridDim.x) {
+        const CapsuleRowSegment seg = capsule_softmax_segment(q, cols, chunk, chunks);
+        const float* xs = x + seg.start;
+        const float* ms = OP == CAPSULE_MASKED_SOFTMAX ? mask + seg.start : nullptr;
+        const CapsuleRowSplit split = segment_split<OP>(xs, ms, nullptr, seg.length);
+        const float m = block_max(segment_max<OP>(xs, ms, seg.length, split), scratch);
+        const float s = block_sum(segment_exp_sum<OP>(xs, ms, seg.length, split, capsule_chunk_shift(m)), scratch);
+        if (threadIdx.x == 0) {
+            partials[q] = m;
+            partials[segments + q] = s;
+        }
+    }
+}
+
+// The row maximum and sum of exp(x - shift) from the chunks' partials (pm: maxima, ps: sums), in
+// a fixed order: lane l takes chunks l, l + 32, ..., then butterflies; every warp of every block of
+// the row computes the same bits. Returns the row maximum, `sum` the rescaled total.
+template <int OP>
+__device__ __forceinline__ float combine_partials(const float* __restrict__ pm, const float* __restrict__ ps,
+                                                  int64_t chunks, float& sum) {
+    const int lane = threadIdx.x & 31;
+    float m = -INFINITY;
+    for (int64_t k = lane; k < chunks; k += 32) m = capsule_nanmax(m, pm[k]);
+    m = group_max<32>(m);
+    const float shift = capsule_row_shift(OP, m);
+    float s = 0.0f;
+    for (int64_t k = lane; k < chunks; k += 32) s += capsule_chunk_rescaled(ps[k], pm[k], shift);
+    sum = group_sum<32>(s);
+    return m;
+}
+
+// Split rows, second launch: a block per chunk combines its row's partials and writes the chunk.
+template <int OP>
+__device__ void forward_finish(const float* __restrict__ x, const float* __restrict__ mask,
+                               const float* __restrict__ partials, float* __restrict__ y, int64_t rows, int64_t cols,
+                               int64_t chunk) {
+    const int64_t chunks = capsule_softmax_chunks(cols, chunk);
+    const int64_t segments = rows * chunks;
+    for (int64_t q = blockIdx.x; q < segments; q += gridDim.x) {
+        const CapsuleRowSegment seg = capsule_softmax_segment(q, cols, chunk, chunks);
+        const float* row_partials = partials + seg.row * chunks;
+        float s;
+        const float m = combine_partials<OP>(row_partials, row_partials + segments, chunks, s);
+        const float shift = capsule_row_shift(OP, m);
+        const float d = OP == CAPSULE_LOG_SOFTMAX ? logf(s) : capsule_row_denominator(OP, m, s);
+        const float* xs = x + seg.start;
+        const float* ms = OP == CAPSULE_MASKED_SOFTMAX ? mask + seg.start : nullptr;
+        float* ys = y + seg.start;
+        segment_write<OP>(xs, ms, ys, seg.length, segment_split<OP>(xs, ms, ys, seg.length), shift, d);
     }
 }
 
@@ -245,6 +374,47 @@ __device__ void backward_group(const float* __restrict__ y, const float* __restr
     }
 }
 
+// y and g as float4s at one index.
+struct YG4 {
+    float4 y, g;
+};
+
+// The backward's passes over a segment at ys, gs: this thread's share of the row reduction r
+// (capsule_grad_term), and the write of dx. Float4s in flight per thread: 2 each of y and g.
+template <int OP>
+__device__ __forceinline__ float segment_dot(const float* __restrict__ ys, const float* __restrict__ gs, int64_t len,
+                                             CapsuleRowSplit split) {
+    float r = 0.0f;
+    block_visit<2>(
+        len, split, [&](int64_t i) { r += capsule_grad_term(OP, ys[i], gs[i]); },
+        [&](int64_t i) { return YG4{load_vec4(ys, i), load_vec4(gs, i)}; },
+        [&](int64_t, YG4 v) {
+            r += (capsule_grad_term(OP, v.y.x, v.g.x) + capsule_grad_term(OP, v.y.y, v.g.y)) +
+                 (capsule_grad_term(OP, v.y.z, v.g.z) + capsule_grad_term(OP, v.y.w, v.g.w));
+        });
+    return r;
+}
+
+template <int OP>
+__device__ __forceinline__ void segment_grad(const float* __restrict__ ys, const float* __restrict__ gs,
+                                             float* __restrict__ dxs, int64_t len, CapsuleRowSplit split, float r) {
+    block_visit<2>(
+        len, split, [&](int64_t i) { dxs[i] = capsule_row_grad(OP, ys[i], gs[i], r); },
+        [&](int64_t i) { return YG4{load_vec4(ys, i), load_vec4(gs, i)}; },
+        [&](int64_t i, YG4 v) {
+            store_vec4(dxs, i,
+                       make_float4(capsule_row_grad(OP, v.y.x, v.g.x, r), capsule_row_grad(OP, v.y.y, v.g.y, r),
+                                   capsule_row_grad(OP, v.y.z, v.g.z, r), capsule_row_grad(OP, v.y.w, v.g.w, r)));
+        });
+}
+
+// The split of a backward segment: the body only where y, g (and dx, unless null) align alike.
+__device__ __forceinline__ CapsuleRowSplit grad_split(const float* ys, const float* gs, const float* dxs, int64_t len) {
+    const bool vector = same_alignment(ys, gs) && (dxs == nullptr || same_alignment(ys, dxs));
+    return capsule_row_split(reinterpret_cast<uintptr_t>(ys), len, vector);
+}
+
+// A block per row: the row reduction, then the write.
 template <int OP>
 __device__ void backward_block(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
                                int64_t rows, int64_t cols) {
@@ -253,27 +423,49 @@ __device__ void backward_block(const float* __restrict__ y, const float* __restr
         const float* yr = y + row * cols;
         const float* gr = g + row * cols;
         float* dxr = dx + row * cols;
-        const bool vector = same_alignment(yr, gr) && same_alignment(yr, dxr);
-        const CapsuleRowSplit split = capsule_row_split(reinterpret_cast<uintptr_t>(yr), cols, vector);
+        const CapsuleRowSplit split = grad_split(yr, gr, dxr, cols);
+        const float r = block_sum(segment_dot<OP>(yr, gr, cols, split), scratch);
+        segment_grad<OP>(yr, gr, dxr, cols, split, r);
+    }
+}
 
+// Split rows, first launch: a block per chunk q writes the chunk's share of the row reduction to
+// partials[q].
+template <int OP>
+__device__ void backward_partials(const float* __restrict__ y, const float* __restrict__ g,
+                                  float* __restrict__ partials, int64_t rows, int64_t cols, int64_t chunk) {
+    __shared__ float scratch[32];
+    const int64_t chunks = capsule_softmax_chunks(cols, chunk);
+    const int64_t segments = rows * chunks;
+    for (int64_t q = blockIdx.x; q < segments; q += gridDim.x) {
+        const CapsuleRowSegment seg = capsule_softmax_segment(q, cols, chunk, chunks);
+        const float* ys = y + seg.start;
+        const float* gs = g + seg.start;
+        const CapsuleRowSplit split = grad_split(ys, gs, nullptr, seg.length);
+        const float r = block_sum(segment_dot<OP>(ys, gs, seg.length, split), scratch);
+        if (threadIdx.x == 0) partials[q] = r;
+    }
+}
+
+// Split rows, second launch: a block per chunk sums its row's partials in a fixed order (lane l
+// takes chunks l, l + 32, ..., then a butterfly: every warp the same bits) and writes the chunk.
+template <int OP>
+__device__ void backward_finish(const float* __restrict__ y, const float* __restrict__ g,
+                                const float* __restrict__ partials, float* __restrict__ dx, int64_t rows, int64_t cols,
+                                int64_t chunk) {
+    const int64_t chunks = capsule_softmax_chunks(cols, chunk);
+    const int64_t segments = rows * chunks;
+    const int lane = threadIdx.x & 31;
+    for (int64_t q = blockIdx.x; q < segments; q += gridDim.x) {
+        const CapsuleRowSegment seg = capsule_softmax_segment(q, cols, chunk, chunks);
+        const float* pr = partials + seg.row * chunks;
         float r = 0.0f;
-        block_visit(cols, split, [&](int64_t i) { r += capsule_grad_term(OP, yr[i], gr[i]); },
-                    [&](int64_t i) {
-                        const float4 a = *reinterpret_cast<const float4*>(yr + i);
-                        const float4 b = *reinterpret_cast<const float4*>(gr + i);
-                        r += (capsule_grad_term(OP, a.x, b.x) + capsule_grad_term(OP, a.y, b.y)) +
-                             (capsule_grad_term(OP, a.z, b.z) + capsule_grad_term(OP, a.w, b.w));
-                    });
-        r = block_sum(r, scratch);
-
-        block_visit(cols, split, [&](int64_t i) { dxr[i] = capsule_row_grad(OP, yr[i], gr[i], r); },
-                    [&](int64_t i) {
-                        const float4 a = *reinterpret_cast<const float4*>(yr + i);
-                        const float4 b = *reinterpret_cast<const float4*>(gr + i);
-                        *reinterpret_cast<float4*>(dxr + i) =
-                            make_float4(capsule_row_grad(OP, a.x, b.x, r), capsule_row_grad(OP, a.y, b.y, r),
-                                        capsule_row_grad(OP, a.z, b.z, r), capsule_row_grad(OP, a.w, b.w, r));
-                    });
+        for (int64_t k = lane; k < chunks; k += 32) r += pr[k];
+        r = group_sum<32>(r);
+        const float* ys = y + seg.start;
+        const float* gs = g + seg.start;
+        float* dxs = dx + seg.start;
+        segment_grad<OP>(ys, gs, dxs, seg.length, grad_split(ys, gs, dxs, seg.length), r);
     }
 }
 
@@ -289,36 +481,148 @@ __device__ void backward(const float* __restrict__ y, const float* __restrict__ 
 
 }  // namespace
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
     capsule_log_softmax_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t rows, int64_t cols) {
     forward<CAPSULE_LOG_SOFTMAX>(x, nullptr, y, rows, cols);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_fwd_block(const float* __restrict__ x, float* __restrict__ y, int64_t rows, int64_t cols) {
+    forward_block<CAPSULE_LOG_SOFTMAX>(x, nullptr, y, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_fwd_partials(const float* __restrict__ x, float* __restrict__ partials, int64_t rows,
+                                     int64_t cols, int64_t chunk) {
+    forward_partials<CAPSULE_LOG_SOFTMAX>(x, nullptr, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_fwd_finish(const float* __restrict__ x, const float* __restrict__ partials,
+                                   float* __restrict__ y, int64_t rows, int64_t cols, int64_t chunk) {
+    forward_finish<CAPSULE_LOG_SOFTMAX>(x, nullptr, partials, y, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
     capsule_log_softmax_bwd(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
                             int64_t rows, int64_t cols) {
     backward<CAPSULE_LOG_SOFTMAX>(y, g, dx, rows, cols);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_bwd_block(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
+                                  int64_t rows, int64_t cols) {
+    backward_block<CAPSULE_LOG_SOFTMAX>(y, g, dx, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_bwd_partials(const float* __restrict__ y, const float* __restrict__ g,
+                                     float* __restrict__ partials, int64_t rows, int64_t cols, int64_t chunk) {
+    backward_partials<CAPSULE_LOG_SOFTMAX>(y, g, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_log_softmax_bwd_finish(const float* __restrict__ y, const float* __restrict__ g,
+                                   const float* __restrict__ partials, float* __restrict__ dx, int64_t rows,
+                                   int64_t cols, int64_t chunk) {
+    backward_finish<CAPSULE_LOG_SOFTMAX>(y, g, partials, dx, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
     capsule_softmax_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t rows, int64_t cols) {
     forward<CAPSULE_SOFTMAX>(x, nullptr, y, rows, cols);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_fwd_block(const float* __restrict__ x, float* __restrict__ y, int64_t rows, int64_t cols) {
+    forward_block<CAPSULE_SOFTMAX>(x, nullptr, y, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_fwd_partials(const float* __restrict__ x, float* __restrict__ partials, int64_t rows,
+                                 int64_t cols, int64_t chunk) {
+    forward_partials<CAPSULE_SOFTMAX>(x, nullptr, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_fwd_finish(const float* __restrict__ x, const float* __restrict__ partials, float* __restrict__ y,
+                               int64_t rows, int64_t cols, int64_t chunk) {
+    forward_finish<CAPSULE_SOFTMAX>(x, nullptr, partials, y, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
     capsule_softmax_bwd(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
                         int64_t rows, int64_t cols) {
     backward<CAPSULE_SOFTMAX>(y, g, dx, rows, cols);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_bwd_block(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
+                              int64_t rows, int64_t cols) {
+    backward_block<CAPSULE_SOFTMAX>(y, g, dx, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_bwd_partials(const float* __restrict__ y, const float* __restrict__ g,
+                                 float* __restrict__ partials, int64_t rows, int64_t cols, int64_t chunk) {
+    backward_partials<CAPSULE_SOFTMAX>(y, g, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_softmax_bwd_finish(const float* __restrict__ y, const float* __restrict__ g,
+                               const float* __restrict__ partials, float* __restrict__ dx, int64_t rows, int64_t cols,
+                               int64_t chunk) {
+    backward_finish<CAPSULE_SOFTMAX>(y, g, partials, dx, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
     capsule_hard_masked_softmax_fwd(const float* __restrict__ x, const float* __restrict__ mask,
                                     float* __restrict__ y, int64_t rows, int64_t cols) {
     forward<CAPSULE_MASKED_SOFTMAX>(x, mask, y, rows, cols);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, 4) void
-    capsule_hard_masked_softmax_bwd(const float* __restrict__ y, const float* __restrict__ g,
-                                    float* __restrict__ dx, int64_t rows, int64_t cols) {
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_fwd_block(const float* __restrict__ x, const float* __restrict__ mask,
+                                          float* __restrict__ y, int64_t rows, int64_t cols) {
+    forward_block<CAPSULE_MASKED_SOFTMAX>(x, mask, y, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_fwd_partials(const float* __restrict__ x, const float* __restrict__ mask,
+                                             float* __restrict__ partials, int64_t rows, int64_t cols,
+                                             int64_t chunk) {
+    forward_partials<CAPSULE_MASKED_SOFTMAX>(x, mask, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_fwd_finish(const float* __restrict__ x, const float* __restrict__ mask,
+                                           const float* __restrict__ partials, float* __restrict__ y, int64_t rows,
+                                           int64_t cols, int64_t chunk) {
+    forward_finish<CAPSULE_MASKED_SOFTMAX>(x, mask, partials, y, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_GROUP_BLOCKS) void
+    capsule_hard_masked_softmax_bwd(const float* __restrict__ y, const float* __restrict__ g, float* __restrict__ dx,
+                                    int64_t rows, int64_t cols) {
     backward<CAPSULE_SOFTMAX>(y, g, dx, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_bwd_block(const float* __restrict__ y, const float* __restrict__ g,
+                                          float* __restrict__ dx, int64_t rows, int64_t cols) {
+    backward_block<CAPSULE_SOFTMAX>(y, g, dx, rows, cols);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_bwd_partials(const float* __restrict__ y, const float* __restrict__ g,
+                                             float* __restrict__ partials, int64_t rows, int64_t cols,
+                                             int64_t chunk) {
+    backward_partials<CAPSULE_SOFTMAX>(y, g, partials, rows, cols, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_SOFTMAX_THREADS, CAPSULE_SOFTMAX_LEAN_BLOCKS) void
+    capsule_hard_masked_softmax_bwd_finish(const float* __restrict__ y, const float* __restrict__ g,
+                                           const float* __restrict__ partials, float* __restrict__ dx, int64_t rows,
+                                           int64_t cols, int64_t chunk) {
+    backward_finish<CAPSULE_SOFTMAX>(y, g, partials, dx, rows, cols, chunk);
 }

@@ -9,6 +9,11 @@
 
 // Threads per block of every kernel of the family (the plans launch exactly this many).
 constexpr int CAPSULE_SOFTMAX_THREADS = 256;
+// Blocks per multiprocessor the lean kernels (block and split paths) are built for: 8 blocks of
+// 256 threads, the whole multiprocessor (so at most 32 registers). The group kernels hold rows in
+// registers and are built for 4.
+constexpr int CAPSULE_SOFTMAX_LEAN_BLOCKS = 8;
+constexpr int CAPSULE_SOFTMAX_GROUP_BLOCKS = 4;
 
 // Which formula a row kernel applies.
 enum CapsuleRowOp { CAPSULE_SOFTMAX = 0, CAPSULE_LOG_SOFTMAX = 1, CAPSULE_MASKED_SOFTMAX = 2 };
@@ -57,6 +62,38 @@ CAPSULE_HD float capsule_row_shift(int op, float row_max) {
 // The denominator: the row's sum of exp, except 1 for such a dead masked row (all zeros out).
 CAPSULE_HD float capsule_row_denominator(int op, float row_max, float sum) {
     return (op == CAPSULE_MASKED_SOFTMAX && row_max == -INFINITY) ? 1.0f : sum;
+}
+
+// The split-row path (few long rows): each row is cut into chunks of `chunk` columns (the last
+// one shorter); chunk <= 0 or chunk >= cols is one chunk of the whole row.
+CAPSULE_HD int64_t capsule_softmax_chunks(int64_t cols, int64_t chunk) {
+    return (chunk <= 0 || chunk >= cols) ? 1 : (cols + chunk - 1) / chunk;
+}
+
+// Segment q = row * chunks + c of the split rows: its first element and its length.
+struct CapsuleRowSegment {
+    int64_t row;
+    int64_t start;
+    int64_t length;
+};
+
+CAPSULE_HD CapsuleRowSegment capsule_softmax_segment(int64_t q, int64_t cols, int64_t chunk, int64_t chunks) {
+    if (chunks == 1) return {q, q * cols, cols};
+    const int64_t row = q / chunks;
+    const int64_t c = q - row * chunks;
+    const int64_t rest = cols - c * chunk;
+    return {row, row * cols + c * chunk, rest < chunk ? rest : chunk};
+}
+
+// The shift a chunk's partial sum of exp is taken at: the chunk's maximum, or 0 when that is -inf
+// (every entry -inf or blocked: the partial sum is then 0, not the NaN of exp(-inf - -inf)).
+CAPSULE_HD float capsule_chunk_shift(float chunk_max) { return chunk_max == -INFINITY ? 0.0f : chunk_max; }
+
+// A chunk's partial sum of exp(x - chunk shift) carried to the row's shift: s_c * exp(m_c - shift).
+// A chunk of -inf (s_c = 0) adds exp(-inf - shift) * 0: 0, or NaN where the row's shift is -inf
+// too, exactly as its terms exp(-inf - shift) would in one pass over the row.
+CAPSULE_HD float capsule_chunk_rescaled(float chunk_sum, float chunk_max, float shift) {
+    return chunk_sum * expf(chunk_max - shift);
 }
 
 // z = x - m: the shifted score.
