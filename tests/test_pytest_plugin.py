@@ -69,8 +69,7 @@ def test_a_failed_check_fails_its_item_with_the_verify_message_and_rerun_line(py
 def test_exitfirst_stops_at_the_first_failed_check(pytester, monkeypatch):
     _negated_relu(monkeypatch)
     result = pytester.runpytest("--capsules", "relu", *NUMPY, "-x", "-k", DYNAMIC)
-    outcomes = result.parseoutcomes()
-    assert outcomes == {"passed": 2, "failed": 1, "deselected": 2}, outcomes  # contract.aligned, shape.guard; value
+    result.assert_outcomes(passed=2, failed=1, deselected=2, warnings=None)  # contract.aligned, shape.guard; value
 
 
 def test_each_capsule_is_verified_once_for_its_selected_checks(pytester, monkeypatch):
