@@ -142,16 +142,30 @@ def require_ray():
 
 def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = False,
            **options) -> Iterator[tuple[int, object]]:
-    """(index in `capsules`, CapsuleReport) for each capsule as it finishes; `options` are
-    verify_capsule's. `fresh`: a new process for every capsule (verify --isolate)."""
+    """(index in `capsules`, CapsuleReport) for each capsule as it finishes, the longest started
+    first (COSTS_FILE); `options` are verify_capsule's. `fresh`: a new process for every capsule
+    (verify --isolate)."""
     from .verify import Status
     work = partial(_verify_one, **options)
     failed = partial(_verify_failed, checks=options.get("checks"), sanitize=options.get("sanitize", ()))
     names = [c.name for c in capsules]
+    recorded = read_costs()
+    backend = where.backend if isinstance(where, RayCluster) else where[0].backend
+    key = f"{backend} {sorted((k, v) for k, v in options.items() if k != 'seed')!r}"
+    costs = recorded.get(key, {})
+    items = [(i, names[i]) for i in longest_first(names, costs)]
     if isinstance(where, RayCluster):
-        yield from _run_ray(where, work, names, failed, fresh)
+        reports = _run_ray(where, work, items, failed, fresh)
     else:
-        yield from _run_local(where, work, names, failed, lambda r: fresh or r.status is Status.ERROR)
+        reports = _run_local(where, work, items, failed, lambda r: fresh or r.status is Status.ERROR)
+    try:
+        for index, report in reports:
+            if report.seconds:  # 0: its worker died, no time to learn
+                costs[report.capsule] = round(report.seconds, 3)
+            yield index, report
+    finally:
+        reports.close()
+        write_costs({**recorded, key: costs})
 
 
 def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float | None = None,
@@ -167,14 +181,49 @@ def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float |
 
         def failed(task, reason):
             return _fuzz_failed(task, reason), {}
-        for index, (one, added) in _run_ray(where, work, _fuzz_tasks(names, time_budget, where), failed, False):
+        for index, (one, added) in _run_ray(where, work, enumerate(_fuzz_tasks(names, time_budget, where)), failed,
+                                            False):
             if database is not None:
                 merge_database(database, added)
             yield index, one
     else:
         work = partial(_fuzz_one, max_examples=max_examples, seed=seed, database=database)
-        yield from _run_local(where, work, _fuzz_tasks(names, time_budget, where), _fuzz_failed,
+        yield from _run_local(where, work, enumerate(_fuzz_tasks(names, time_budget, where)), _fuzz_failed,
                               lambda one: one.poisoned or bool(one.error))
+
+
+COSTS_FILE = "verify-seconds.json"
+"""Each capsule's last verify time per backend and options, in the cache folder: the workers start
+the longest capsules first (CTest's cost data), so that a long one does not start last and finish
+alone. Only a hint: without it the capsules start in request order; the report's order never changes."""
+
+
+def longest_first(names: list[str], seconds: dict[str, float]) -> list[int]:
+    """Indices into `names`: capsules never timed first, in request order, then the longest first."""
+    return sorted(range(len(names)), key=lambda i: -seconds.get(names[i], math.inf))
+
+
+def read_costs() -> dict:
+    import json
+
+    from .kernels import cache_dir
+    try:
+        costs = json.loads((cache_dir() / COSTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return costs if isinstance(costs, dict) else {}
+
+
+def write_costs(costs: dict) -> None:
+    import json
+
+    from .kernels import cache_dir
+    from .output_files import write_text_atomic
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cache_dir() / COSTS_FILE, json.dumps(costs, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass  # a hint lost, nothing more
 
 
 def _verify_one(backend, name: str, **options):
@@ -337,16 +386,17 @@ class _Process:
         self.connection.close()
 
 
-def _run_local(workers: Sequence[Worker], work, tasks: Iterable, failed, retire) -> Iterator[tuple[int, object]]:
+def _run_local(workers: Sequence[Worker], work, items: Iterable[tuple[int, object]], failed,
+               retire) -> Iterator[tuple[int, object]]:
     """work(backend, task) for each task on one process per worker; yields (index, result) as
     each finishes. A process that ends without a result gives failed(task, why); it, and one
-    whose result `retire` judges unsafe to follow, is replaced. Tasks are taken from `tasks` only
+    whose result `retire` judges unsafe to follow, is replaced. (index, task) items are taken only
     when a worker is free to start them."""
     import multiprocessing
     from multiprocessing.connection import wait
 
     context = multiprocessing.get_context("spawn")
-    pending = enumerate(tasks)
+    pending = iter(items)
     slots: list[_Process | None] = [None] * len(workers)
     exhausted = False
     try:
@@ -417,7 +467,8 @@ def _package():
         yield target
 
 
-def _run_ray(cluster: RayCluster, work, tasks: Iterable, failed, fresh: bool) -> Iterator[tuple[int, object]]:
+def _run_ray(cluster: RayCluster, work, items: Iterable[tuple[int, object]], failed,
+             fresh: bool) -> Iterator[tuple[int, object]]:
     """work(backend, task) as one Ray task per task, as many in flight as the cluster runs at
     once; yields (index, result) as each finishes, failed(task, why) for a task that raised or
     whose worker died."""
@@ -434,7 +485,7 @@ def _run_ray(cluster: RayCluster, work, tasks: Iterable, failed, fresh: bool) ->
     resources = {"num_gpus": 1} if cluster.backend == "cuda" else {"num_cpus": 1}
     remote = ray.remote(_ray_task).options(max_retries=0, **resources, **({"max_calls": 1} if fresh else {}))
     slots = _ray_slots(cluster)
-    pending = enumerate(tasks)
+    pending = iter(items)
     running: dict = {}
     try:
         while True:

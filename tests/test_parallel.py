@@ -206,6 +206,16 @@ def test_cuda_workers_are_pinned_to_the_devices_in_turn(monkeypatch):
         parallel.local_workers("cuda", "auto", "0,2", 46)
 
 
+def test_the_workers_start_the_longest_capsules_first_and_learn_their_times(monkeypatch, tmp_path):
+    assert parallel.longest_first(["a", "b", "c", "d"], {"a": 1.0, "b": 5.0, "c": 3.0}) == [3, 1, 2, 0]
+    monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path))
+    capsules = [registry.lookup(n) for n in ("relu", "softmax", "gather")]
+    done = dict(parallel.verify(capsules, (parallel.Worker("numpy"),) * 2, quick=True, seed=0))
+    (key, seconds), = parallel.read_costs().items()
+    assert key.startswith("numpy ") and "('quick', True)" in key
+    assert seconds == {done[i].capsule: round(done[i].seconds, 3) for i in range(3)}
+
+
 def test_the_fuzz_time_budget_is_shared_in_rounds_of_one_capsule_per_worker(monkeypatch):
     monkeypatch.setattr(parallel.time, "monotonic", lambda: 1000.0)  # no time passes
     names = [f"native_cuda.{n}" for n in ("relu", "exp", "softmax", "gather", "add")]
