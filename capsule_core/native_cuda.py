@@ -35,6 +35,7 @@ _CONV = ("int64_t n", "int64_t c_in", "int64_t c_out") + _GEOM
 _POOL = ("int64_t planes",) + _GEOM
 _MM = ("int64_t batch", "int64_t m", "int64_t k", "int64_t n")
 _LINEAR = ("int64_t rows", "int64_t in_features", "int64_t out_features")
+_SPLITS = ("int64_t splits",)
 _FNO = ("int64_t batch", "int64_t grid", "int64_t c_in", "int64_t c_out", "int64_t modes")
 _SCAN = ("int64_t batch", "int64_t time", "int64_t dim", "int32_t a_per_token", "int32_t b_per_token")
 
@@ -45,6 +46,10 @@ def _in(*names: str) -> tuple[str, ...]:
 
 def _out(*names: str) -> tuple[str, ...]:
     return tuple(f"float* __restrict__ {n}" for n in names)
+
+
+_KSUM = _in("partial") + _out("out") + ("int64_t count",) + _SPLITS
+_GEMV = _in("x", "w", "b") + _out("y") + _LINEAR + ("int32_t k_warps",)
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,18 @@ _OPS: dict[BackendOp, _Op] = {
         "linalg", "Native CUDA batched/matrix multiplication, backed by CUDA/cuBLAS paths.",
         "y = a·b per batch entry, a (…, m, k) and b (…, k, n) with equal batch shapes; k = 0 gives zeros.",
         "da = g·bᵀ and db = aᵀ·g per batch entry.",
-        (("fwd", _in("a", "b") + _out("y") + _MM), ("bwd_a", _in("g", "b") + _out("da") + _MM),
-         ("bwd_b", _in("a", "g") + _out("db") + _MM))),
+        (("fwd", _in("a", "b") + _out("y", "partial") + _MM + _SPLITS), ("fwd_ksum", _KSUM),
+         ("bwd_a", _in("g", "b") + _out("da", "partial") + _MM + _SPLITS),
+         ("bwd_b", _in("a", "g") + _out("db", "partial") + _MM + _SPLITS), ("bwd_ksum", _KSUM))),
     BackendOp.LINEAR: _Op(
         "linalg", "Native CUDA linear layer.",
         "y = x·wᵀ + b over any leading axes of x (…, in), w (out, in), b (out).",
         "dx = g·w, dw = Σ gᵀ·x and db = Σ g over the leading axes.",
-        (("fwd", _in("x", "w", "b") + _out("y") + _LINEAR), ("bwd_x", _in("g", "w") + _out("dx") + _LINEAR),
-         ("bwd_w", _in("x", "g") + _out("dw") + _LINEAR),
+        (("fwd", _in("x", "w", "b") + _out("y", "partial") + _LINEAR + _SPLITS),
+         ("fwd_ksum", _in("partial", "b") + _out("y") + ("int64_t rows", "int64_t out_features") + _SPLITS),
+         ("fwd_gemv8", _GEMV), ("fwd_gemv16", _GEMV),
+         ("bwd_x", _in("g", "w") + _out("dx", "partial") + _LINEAR + _SPLITS),
+         ("bwd_w", _in("x", "g") + _out("dw", "partial") + _LINEAR + _SPLITS), ("bwd_ksum", _KSUM),
          ("bwd_b", _in("g") + _out("db") + ("int64_t rows", "int64_t cols", "int64_t row_chunk")))),
     BackendOp.MSE_LOSS: _Op(
         "linalg", "Native CUDA mean-squared-error loss.",

@@ -9,7 +9,16 @@
 // reads its A and B fragments as 16-byte shared loads. Elements beyond m, n or k load as zeros,
 // so the inner product loop has no bounds tests. Every output is a sequential FMA chain over
 // p = 0, 1, ..., k-1 (then zero terms): deterministic, and the same bits for any grid and either
-// tile shape.
+// tile shape. Split-K: a block may take one of `splits` ranges of whole k-tiles instead (its FMA
+// chain runs over that range only) and write its partial tile to a workspace; a second launch
+// adds the partials in split order (split_sum). The bits then depend on the split count, which
+// the plan derives from the shape alone, never on the grid.
+//
+// GEMV (linear's forward for at most 16 rows): w is stored out×in, so each output column's
+// weights are contiguous along k. A warp takes a few columns (GemvTile) and one of k_warps
+// interleaved slices of k; each lane reads 16-byte chunks of the columns (and of x's rows) and
+// keeps a sequential FMA chain per output over its chunks; then a butterfly over the lanes, the
+// k_warps slices added in order, and the bias.
 #pragma once
 
 #include <cmath>
@@ -128,6 +137,8 @@ struct Gemm {
     const float* b;
     float* c;
     int64_t batch, m, n, k;
+    float* partial = nullptr;  // split-K: `splits` partial products of C's size, split by split
+    int64_t splits = 1;
 };
 
 // The entry points as GEMMs: which buffer is A and B, their transposition, and (m, n, k).
@@ -173,14 +184,17 @@ struct LinearBwdW {  // dw = gᵀ·x: (out×rows)·(rows×in), g stored rows×ou
     }
 };
 
-// The epilogue: the value stored for accumulator v in column j.
+// The epilogue: the value stored for accumulator v in column j; without_bias() that of a split-K
+// partial (the bias comes with the partials' sum).
 struct NoBias {
     CAPSULE_HD float operator()(float v, int64_t) const { return v; }
+    CAPSULE_HD NoBias without_bias() const { return *this; }
 };
 
 struct AddBias {
-    const float* bias;
-    CAPSULE_HD float operator()(float v, int64_t j) const { return add_rn(v, ldg(bias + j)); }
+    const float* bias;  // null: none
+    CAPSULE_HD float operator()(float v, int64_t j) const { return bias ? add_rn(v, ldg(bias + j)) : v; }
+    CAPSULE_HD AddBias without_bias() const { return AddBias{nullptr}; }
 };
 
 // One operand of a tile: its base (this batch entry), leading dimension, free extent (m for A,
@@ -366,30 +380,49 @@ struct DeviceThreads {
     }
 };
 
-// Tile `tile` of the GEMM by one block. `Threads` runs the block's threads: on the device each
-// thread runs itself (one slot); the host harness runs all T::THREADS slots one after the other
-// between barriers, each to the next barrier, so a shared-memory race shows there too.
+// The k range [k0, k0 + len) of split s of `splits` (≥ 1): whole k-tiles of BK, the first
+// splits taking ⌈tiles / splits⌉ each (a split past the end is empty: its partial is zeros).
+struct KRange {
+    int64_t k0, len;
+};
+
+template <int BK>
+CAPSULE_HD KRange split_range(int64_t k, int64_t splits, int64_t s) {
+    const int64_t per = cdiv(cdiv(k, BK), splits < 1 ? 1 : splits) * BK;
+    const int64_t k0 = min64(k, s * per);
+    return KRange{k0, min64(k - k0, per)};
+}
+
+// Work item `tile` of the GEMM by one block. Split-K makes the splits an outer batch: the item is
+// a tile of entry e (tile_coords over batch·splits entries), of batch entry e mod batch over
+// split e / batch's k range, and entry e of the partials (laid out split by split) is where it
+// goes, without bias; with g.splits == 1 that is the tile of C itself, through the epilogue.
+// `Threads` runs the block's threads: on the device each thread runs itself (one slot); the
+// host harness runs all T::THREADS slots one after the other between barriers, each to the next
+// barrier, so a shared-memory race shows there too.
 template <class T, bool AT, bool BT, class Threads, class Epi>
 CAPSULE_HD void gemm_tile(const Threads& threads, const Gemm& g, int64_t tile, float* smem, GemmRegs<T, AT, BT>* regs,
                           const Epi& epi) {
-    int64_t bt, tm, tn;
-    tile_coords(tile, cdiv(g.m, T::BM), cdiv(g.n, T::BN), bt, tm, tn);
+    int64_t entry, tm, tn;
+    tile_coords(tile, cdiv(g.m, T::BM), cdiv(g.n, T::BN), entry, tm, tn);
     const int64_t i0 = tm * T::BM, j0 = tn * T::BN;
-    const Operand a = operand(g.a + bt * g.m * g.k, AT ? g.m : g.k, g.m);
-    const Operand b = operand(g.b + bt * g.k * g.n, BT ? g.k : g.n, g.n);
+    const int64_t split = entry / g.batch, bt = entry - split * g.batch;
+    const KRange kr = split_range<T::BK>(g.k, g.splits, split);
+    const Operand a = operand(g.a + bt * g.m * g.k + (AT ? kr.k0 * g.m : kr.k0), AT ? g.m : g.k, g.m);
+    const Operand b = operand(g.b + bt * g.k * g.n + (BT ? kr.k0 : kr.k0 * g.n), BT ? g.k : g.n, g.n);
     float* const as = smem;
     float* const bs = smem + 2 * T::A_STAGE;
 
     for (int s = 0; s < Threads::kSlots; ++s) {
         regs[s].init(a, b, i0, j0, threads.tid(s));
-        if (g.k > 0) {
-            regs[s].load(g.k);
+        if (kr.len > 0) {
+            regs[s].load(kr.len);
             regs[s].store(as, bs, threads.tid(s));
         }
     }
     threads.sync();
     int cur = 0;
-    for (int64_t kleft = g.k; kleft > 0; kleft -= T::BK) {
+    for (int64_t kleft = kr.len; kleft > 0; kleft -= T::BK) {
         const bool more = kleft > T::BK;
         for (int s = 0; s < Threads::kSlots; ++s) {
             const int tid = threads.tid(s);
@@ -403,12 +436,45 @@ CAPSULE_HD void gemm_tile(const Threads& threads, const Gemm& g, int64_t tile, f
         cur ^= 1;
         threads.sync();
     }
-    float* const c = g.c + bt * g.m * g.n;
+    const bool whole = g.splits == 1;
+    float* const c = (whole ? g.c : g.partial) + entry * g.m * g.n;
     const bool cvec = aligned16(c) && g.n % 4 == 0;
+    const Epi e = whole ? epi : epi.without_bias();
     for (int s = 0; s < Threads::kSlots; ++s) {
         const int tid = threads.tid(s);
-        store_outputs<T>(c, g.m, g.n, cvec, i0, j0, thread_x<T>(tid), thread_y<T>(tid), regs[s].acc, epi);
+        store_outputs<T>(c, g.m, g.n, cvec, i0, j0, thread_x<T>(tid), thread_y<T>(tid), regs[s].acc, e);
     }
+}
+
+// Element e of the sum of `splits` partials of `count` elements each, split 0 first.
+CAPSULE_HD float split_sum(const float* partial, int64_t count, int64_t splits, int64_t e) {
+    float s = ldg(partial + e);
+    for (int64_t k = 1; k < splits; ++k) s = add_rn(s, ldg(partial + k * count + e));
+    return s;
+}
+
+// -- GEMV: linear's forward for few rows ------------------------------------------------------------
+
+// A GEMV tile: each lane keeps ROWS × COLS FMA chains (rows of x × output columns): each 16-byte
+// chunk of w feeds ROWS rows and each of x COLS columns. Gemv8 fits 64 registers (four blocks of
+// 256 threads per multiprocessor), Gemv16 128 (two), on sm_80 and sm_90 without spilling (8 × 3
+// spills at 64, 16 × 4 at 128 on sm_80). The plan (capsule_core/plans/linalg.py) holds the same
+// numbers.
+template <int ROWS_, int COLS_>
+struct GemvTile {
+    static constexpr int ROWS = ROWS_, COLS = COLS_;
+};
+
+using Gemv8 = GemvTile<8, 2>;
+using Gemv16 = GemvTile<16, 3>;
+constexpr int GEMV_THREADS = 256;  // threads per block at most
+
+// acc += x·w over one chunk, element order.
+CAPSULE_HD float dot4(const float x[4], const float w[4], float acc) {
+    acc = fma_rn(x[0], w[0], acc);
+    acc = fma_rn(x[1], w[1], acc);
+    acc = fma_rn(x[2], w[2], acc);
+    return fma_rn(x[3], w[3], acc);
 }
 
 // -- mse_loss ---------------------------------------------------------------------------------------

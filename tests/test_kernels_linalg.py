@@ -1,9 +1,11 @@
 """cuda/linalg.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
 points and without spills; the kernels themselves, run on the CPU emulator as the launch plans
 launch them, meet each op's contract against the float64 reference with aligned and misaligned
-buffers, on either tile shape and any chunking; the SGEMM tiles reproduce the plain sequential
-FMA chain of every output exactly; the per-thread index arithmetic of cuda/linalg.cuh (compiled
-for the host) partitions the tiles; the plans are legal for every sample."""
+buffers, on either tile shape, any split of k and any chunking; the SGEMM tiles reproduce the
+plain sequential FMA chain of every output exactly, and split-K the chains of its k ranges added
+in split order; the GEMV path gives the same bits for any grid and either load path; the
+per-thread index arithmetic of cuda/linalg.cuh (compiled for the host) partitions the tiles; the
+plans are legal for every sample, and give the skinny shapes of the review enough blocks."""
 
 import ctypes
 import re
@@ -30,6 +32,17 @@ GEMM_SYMBOLS = plans.GEMM_SYMBOLS
 THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
 
 
+def force_gemm(monkeypatch, threads: int, splits: int = 1):
+    """Every GEMM planned on the tile shape of `threads` with at most `splits` k ranges (fewer where
+    k has fewer k-tiles), and linear's forward through the GEMM rather than the GEMV."""
+    def config(batch, m, n, k):
+        ktiles = -(-k // plans.BK)
+        s = max(1, min(splits, ktiles))
+        return THREADS[threads], (-(-ktiles // -(-ktiles // s)) if s > 1 else 1)
+    monkeypatch.setattr(plans, "gemm_config", config)
+    monkeypatch.setattr(plans, "GEMV_ROWS", 0)
+
+
 # -- the build --------------------------------------------------------------------------------------
 
 
@@ -53,6 +66,17 @@ def test_the_gemm_core_is_vectorised(arch):
         assert body.count("ld.shared.v4.f32") == 4 + 8 * 3, name
         assert body.count("ld.global.nc.v4.f32") >= 4 and body.count("st.global.cg.v4.f32") == 16 + 8, name
         assert not re.search(r"^\s*(@\S+\s+)?(atom|red)\.", body, re.MULTILINE), f"{name} uses atomics"
+    # The GEMVs: per 16-byte chunk of k, one 16-byte load per column and per row of x, rows × cols × 4
+    # FMAs, then butterflies.
+    for rows, cols, _, name in plans.GEMV_TILES:
+        body = re.search(rf"\.entry {name}\(.*?\n}}\n", ptx, re.DOTALL)[0]
+        assert body.count("ld.global.nc.v4.f32") == cols + rows, name
+        assert body.count("fma.rn.f32") >= rows * cols * 4 and "shfl.sync.bfly" in body, name
+    for name in plans.KSUM_SYMBOLS + plans.GEMV_SYMBOLS:
+        body = re.search(rf"\.entry {name}\(.*?\n}}\n", ptx, re.DOTALL)[0]
+        assert not re.search(r"^\s*(@\S+\s+)?(atom|red)\.", body, re.MULTILINE), f"{name} uses atomics"
+        if name in plans.KSUM_SYMBOLS:
+            assert "ld.global.nc.v4.f32" in body and "st.global.cg.v4.f32" in body, name
 
 
 def test_source_spells_out_each_declared_signature():
@@ -106,11 +130,12 @@ def test_kernels_meet_the_contract(emu, op, misalign):
     assert typical <= 0.5, f"{op}: an error uses {typical:.2f} of its bound"
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("threads", sorted(THREADS))
 @pytest.mark.parametrize("op", ("matmul", "linear"))
-def test_kernels_on_either_tile_shape(emu, op, threads, monkeypatch):
-    """Either tile shape is correct for any problem: the plans forced onto one."""
-    monkeypatch.setattr(plans, "gemm_shape", lambda *_: THREADS[threads])
+def test_kernels_on_either_tile_shape(emu, op, threads, splits, monkeypatch):
+    """Either tile shape, whole or split k, is correct for any problem: the plans forced onto one."""
+    force_gemm(monkeypatch, threads, splits)
     spec = get_spec(op)
     for sample in cases(op, ("small", "medium")):
         check_sample(emu, spec, sample)
@@ -135,21 +160,37 @@ def rng_matrix(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 3])
 @pytest.mark.parametrize("threads", sorted(THREADS))
 @pytest.mark.parametrize("batch, m, k, n", GEMM_CASES)
-def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n, threads, monkeypatch):
+def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n, threads, splits, monkeypatch):
     """Every output of every GEMM entry point (each transposition of the core) equals the plain
     FMA chain over p = 0 … k−1: tiling, zero padding at the edges, double buffering and the
-    per-thread micro-tiles move values but never change a rounding."""
-    monkeypatch.setattr(plans, "gemm_shape", lambda *_: THREADS[threads])
+    per-thread micro-tiles move values but never change a rounding. Split into S ranges of whole
+    k-tiles (⌈k-tiles / S⌉ each), it is the chains of the ranges added in range order (the bias
+    last)."""
+    force_gemm(monkeypatch, threads, splits)
     rng = seeded_rng("matmul", f"chain/{batch}/{m}/{k}/{n}")
     a, b, g = rng_matrix(rng, batch, m, k), rng_matrix(rng, batch, k, n), rng_matrix(rng, batch, m, n)
 
-    def naive(at, bt, x, y, mm, nn, kk):
+    def chain(at, bt, x, y, mm, nn, kk):
         out = np.empty((len(x), mm, nn), np.float32)
         lib.host_gemm_naive(at, bt, f32_ptr(np.ascontiguousarray(x)), f32_ptr(np.ascontiguousarray(y)), f32_ptr(out),
                             len(x), mm, nn, kk)
         return out
+
+    def naive(at, bt, x, y, mm, nn, kk):
+        """The chains of the split ranges of k, added in order."""
+        _, s = plans.gemm_config(len(x), mm, nn, kk)
+        per = max(1, -(-(-(-kk // plans.BK)) // s) * plans.BK)
+        total = None
+        for k0 in range(0, max(kk, 1), per):
+            k1 = min(kk, k0 + per)
+            xs = x[:, k0:k1, :] if at else x[:, :, k0:k1]
+            ys = y[:, :, k0:k1] if bt else y[:, k0:k1, :]
+            part = chain(at, bt, xs, ys, mm, nn, k1 - k0)
+            total = part if total is None else total + part
+        return total
 
     inputs = {"a": a, "b": b}
     y = emu.run(plans.matmul_forward(inputs, {}), inputs)["out"]
@@ -166,11 +207,113 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
 
 def test_gemm_traps_on_a_block_that_names_no_tile(emu):
     """The block size names the tile; any other is a plan error, and the kernel traps rather than
-    leave the product unwritten."""
+    leave the product unwritten. Likewise a split count below one."""
     inputs = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
     plan = with_launch(plans.matmul_forward(inputs, {}), block=(64, 1, 1))
     with pytest.raises(AssertionError, match=r"capsule_matmul_fwd block \(0,0,0\) thread \(0,0,0\): __trap\(\)"):
         emu.run(plan, inputs)
+    plan = plans.matmul_forward(inputs, {})
+    plan = with_launch(plan, args=plan.launches[0].args[:-1] + (0,))
+    with pytest.raises(AssertionError, match=r"capsule_matmul_fwd block \(0,0,0\) thread \(0,0,0\): __trap\(\)"):
+        emu.run(plan, inputs)
+
+
+# -- split-K and the GEMV --------------------------------------------------------------------------------
+
+
+def linear_inputs(rng, rows, width, out):
+    return {"x": rng_matrix(rng, rows, width), "w": rng_matrix(rng, out, width), "b": rng_matrix(rng, out)}
+
+
+GEMV_CASES = [(1, 1, 1), (1, 4096, 3), (3, 4099, 5), (8, 1024, 64), (9, 300, 7), (16, 513, 9), (16, 260, 33),
+              (5, 0, 6), (0, 8, 4), (2, 8, 0), (7, 131, 1)]
+"""(rows, in, out): one element, long k with a tail column group, k not a multiple of 4, each tile's
+fewest and most rows, k = 0 (the bias), no rows, no columns."""
+
+
+@pytest.mark.parametrize("rows, width, out", GEMV_CASES)
+def test_gemv_meets_the_contract_for_any_layout(emu, rows, width, out):
+    """linear's forward for few rows is the GEMV; it meets linear's error model aligned and
+    misaligned (the element-by-element path), and gives the same bits on both paths where k is a
+    multiple of 4 (the same FMAs in the same order), and on any grid."""
+    rng = seeded_rng("linear", f"gemv/{rows}/{width}/{out}")
+    inputs = linear_inputs(rng, rows, width, out)
+    plan = plans.linear_forward(inputs, {})
+    assert [l.symbol for l in plan.launches] == [plans.gemv_tile(rows)[3]]
+    x64, w64 = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
+    reference = x64 @ w64.T + inputs["b"]
+    magnitude = np.abs(x64) @ np.abs(w64).T + np.abs(inputs["b"].astype(np.float64))
+    results = {}
+    for misalign in (0, 1):
+        y = emu.run(plan, inputs, lambda b: misalign)["out"]
+        result = compare(y, reference, magnitude, get_spec("linear").error, width + 1, True)
+        assert result.passed, result.reason
+        results[misalign] = y
+    if width % 4 == 0:
+        assert same_bits(results[0], results[1])
+    one_block = with_launch(plan, grid=(1, 1, 1))
+    assert same_bits(emu.run(one_block, inputs)["out"], results[0])
+
+
+@pytest.mark.parametrize("k_warps", [1, 2, 4, 8])
+@pytest.mark.parametrize("threads", [32, 128, 256])
+def test_gemv_any_split_of_k_over_warps(emu, k_warps, threads):
+    """Any block of whole warps up to 256 threads and any k_warps dividing its warps: correct, and
+    slices of k that some warps never reach (k shorter than the sweep)."""
+    if (threads // 32) % k_warps:
+        pytest.skip("k_warps must divide the warps")
+    rng = seeded_rng("linear", f"gemv-warps/{k_warps}/{threads}")
+    for rows, width, out in [(4, 1000, 13), (16, 96, 7)]:
+        inputs = linear_inputs(rng, rows, width, out)
+        plan = plans.linear_forward(inputs, {})
+        launch = plan.launches[0]
+        plan = with_launch(plan, block=(threads, 1, 1), args=launch.args[:-1] + (k_warps,))
+        y = emu.run(plan, inputs)["out"]
+        x64, w64 = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
+        result = compare(y, x64 @ w64.T + inputs["b"], np.abs(x64) @ np.abs(w64).T + np.abs(inputs["b"]),
+                         get_spec("linear").error, width + 1, True)
+        assert result.passed, result.reason
+
+
+@pytest.mark.parametrize("tile", plans.GEMV_TILES, ids=lambda t: t[3])
+def test_gemv_traps_on_a_plan_error(emu, tile):
+    """More rows than the GEMV holds, a block that is not whole warps or over 256 threads, or a
+    k_warps that does not divide the warps: the kernel traps rather than leave y unwritten."""
+    rows = tile[0]
+    rng = seeded_rng("linear", f"gemv-traps/{rows}")
+    inputs = linear_inputs(rng, rows, 64, 8)
+    plan = plans.linear_forward(inputs, {})
+    launch = plan.launches[0]
+    assert launch.symbol == tile[3]
+    args = launch.args
+    for change in [{"block": (96 + 1, 1, 1)}, {"block": (512, 1, 1)}, {"args": args[:-1] + (3,)},
+                   {"args": args[:-1] + (0,)}, {"args": args[:4] + (rows + 1,) + args[5:]}]:
+        with pytest.raises(AssertionError, match=r"__trap\(\)"):
+            emu.run(with_launch(plan, **change), inputs)
+
+
+def test_split_sums_in_split_order_on_both_paths(lib, emu):
+    """linear's forward split: the partials' sum on its 16-byte and scalar paths (count not a
+    multiple of 4, or y misaligned) is bitwise the FMA chains of the k ranges added in split
+    order, the bias last."""
+    rng = seeded_rng("linear", "ksum")
+    for rows, width, out in [(40, 2048, 36), (33, 4000, 5)]:
+        inputs = linear_inputs(rng, rows, width, out)
+        plan = plans.linear_forward(inputs, {})
+        assert [l.symbol for l in plan.launches] == ["capsule_linear_fwd", "capsule_linear_fwd_ksum"]
+        splits = plan.launches[0].args[-1]
+        assert splits > 1 and plan.buffer("partial").elements == splits * rows * out
+        per = -(-(-(-width // plans.BK)) // splits) * plans.BK
+        expected = None
+        for k0 in range(0, width, per):
+            xs = np.ascontiguousarray(inputs["x"][None, :, k0:k0 + per])
+            ws = np.ascontiguousarray(inputs["w"][None, :, k0:k0 + per])
+            part = np.empty((1, rows, out), np.float32)
+            lib.host_gemm_naive(0, 1, f32_ptr(xs), f32_ptr(ws), f32_ptr(part), 1, rows, out, xs.shape[2])
+            expected = part[0] if expected is None else expected + part[0]
+        expected = expected + inputs["b"]
+        for misalign in (0, 1):
+            assert same_bits(emu.run(plan, inputs, lambda b: misalign * (b.role != "workspace"))["out"], expected)
 
 
 @pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (1, 9), (9, 1), (8, 8), (17, 5), (23, 31), (8, 1), (16, 3)])
@@ -290,9 +433,15 @@ def test_plans_are_legal_for_every_sample(op):
 
 LARGE_LAUNCHES = {
     # (op, sample index): [(symbol, grid blocks, threads)] of the forward, then the backward plan.
-    ("matmul", 0): [("capsule_matmul_fwd", 256, 128), ("capsule_matmul_bwd_a", 256, 128), ("capsule_matmul_bwd_b", 256, 128)],
-    ("matmul", 1): [("capsule_matmul_fwd", 128, 128), ("capsule_matmul_bwd_a", 288, 128), ("capsule_matmul_bwd_b", 144, 128)],
-    ("linear", 0): [("capsule_linear_fwd", 128, 256), ("capsule_linear_bwd_x", 128, 256), ("capsule_linear_bwd_w", 256, 128),
+    ("matmul", 0): [("capsule_matmul_fwd", 256, 256), ("capsule_matmul_fwd_ksum", 1024, 256),
+                    ("capsule_matmul_bwd_a", 256, 256), ("capsule_matmul_bwd_ksum", 1024, 256),
+                    ("capsule_matmul_bwd_b", 256, 256), ("capsule_matmul_bwd_ksum", 1024, 256)],
+    ("matmul", 1): [("capsule_matmul_fwd", 128, 256), ("capsule_matmul_fwd_ksum", 510, 256),
+                    ("capsule_matmul_bwd_a", 288, 128), ("capsule_matmul_bwd_b", 240, 256),
+                    ("capsule_matmul_bwd_ksum", 511, 256)],
+    ("linear", 0): [("capsule_linear_fwd", 256, 256), ("capsule_linear_fwd_ksum", 2048, 256),
+                    ("capsule_linear_bwd_x", 256, 256), ("capsule_linear_bwd_ksum", 2048, 256),
+                    ("capsule_linear_bwd_w", 256, 256), ("capsule_linear_bwd_ksum", 1024, 256),
                     ("capsule_linear_bwd_b", 256, 256), ("capsule_linear_bwd_b", 32, 256)],
     ("mse_loss", 0): [("capsule_mse_loss_fwd", 513, 256), ("capsule_mse_loss_fwd", 1, 256), ("capsule_mse_loss_bwd", 4099, 256)],
 }
@@ -300,8 +449,9 @@ LARGE_LAUNCHES = {
 
 @pytest.mark.parametrize("key", sorted(LARGE_LAUNCHES))
 def test_large_sample_launch_configurations(key):
-    """The launch shapes the report states for the large samples (1024³ matmul: 256 blocks of
-    64×64 tiles, two per multiprocessor, rather than 64 blocks of 128×128 leaving half idle)."""
+    """The launch shapes the report states for the large samples (1024³ matmul: 64 tiles of
+    128×128, k split in 4, 256 blocks, two per multiprocessor, rather than 64 blocks leaving half
+    idle; then the partials' sum)."""
     op, index = key
     spec = get_spec(op)
     sample = spec.samples("large", seeded_rng(op, "large"))[index]
@@ -311,6 +461,34 @@ def test_large_sample_launch_configurations(key):
     assert [(l.symbol, l.grid[0], l.block[0]) for l in launches] == LARGE_LAUNCHES[key]
 
 
+SKINNY = [
+    # (op, inputs, direction): the review's skinny GEMMs (kernel-review.md §3.1 and §4 linalg).
+    ("linear", {"x": (8, 4096), "w": (4096, 4096)}, "forward"),
+    ("linear", {"x": (1, 4096), "w": (4096, 4096)}, "forward"),
+    ("linear", {"x": (16, 4096), "w": (1024, 4096)}, "forward"),
+    ("linear", {"x": (64, 4096), "w": (4096, 4096)}, "forward"),
+    ("linear", {"x": (65536, 1024), "w": (1024, 1024)}, "backward"),
+    ("matmul", {"a": (8, 4096), "b": (4096, 4096)}, "forward"),
+    ("matmul", {"a": (4096, 4096), "b": (4096, 4096)}, "forward"),
+    ("matmul", {"a": (2, 256, 8192), "b": (2, 8192, 256)}, "forward"),
+]
+
+
+@pytest.mark.parametrize("op, shapes, direction", SKINNY)
+def test_skinny_gemms_fill_the_device(op, shapes, direction):
+    """Every GEMM or GEMV launch of a skinny problem has at least one block per multiprocessor of
+    the H200: split-K, or the GEMV's slices of k, make up for few output tiles."""
+    arrays = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    if op == "linear":
+        arrays["b"] = np.zeros(shapes["w"][0], np.float32)
+    forward, backward = plans.PLANS[op]
+    plan = (forward if direction == "forward" else backward)(arrays, {})
+    heavy = [l for l in plan.launches if l.symbol in GEMM_SYMBOLS + plans.GEMV_SYMBOLS]
+    assert heavy and all(l.grid[0] >= plans.MULTIPROCESSORS for l in heavy), [(l.symbol, l.grid) for l in heavy]
+    if op == "linear" and direction == "forward" and shapes["x"][0] <= plans.GEMV_ROWS:
+        assert [l.symbol for l in plan.launches] == [plans.gemv_tile(shapes["x"][0])[3]]
+
+
 def test_planted_launch_faults_are_caught():
     spec = get_spec("matmul")
     arrays, p, _ = validate(spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32)
@@ -318,7 +496,7 @@ def test_planted_launch_faults_are_caught():
     launch = plan.launches[0]
     assert missed_faults(plan, symbols("matmul"), [
         ("2048 threads", {"block": (2048, 1, 1)}),
-        ("6 arguments for 7", {"args": launch.args[:-1]}),
+        ("8 arguments for 9", {"args": launch.args[:-1]}),
         ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
         ("needs a buffer", {"args": (5, *launch.args[1:])}),
         ("not declared", {"symbol": "capsule_linear_bwd_x"}),

@@ -1,12 +1,21 @@
 """Launch plans of the linalg family (cuda/linalg.cu).
 
-GEMMs (matmul forward and both gradients; linear forward, dx and dw) are one launch each of the
-SGEMM core. The block size names the tile: 256 threads compute 128×128 tiles (8×8 per thread),
-128 threads 64×64 tiles (8×4 per thread). `gemm_shape` picks the one that keeps an H200's 132
-multiprocessors busiest: a problem too small to give every multiprocessor a 128×128 tile gets
-four times as many 64×64 tiles (a cost model: rounds of tiles over the multiprocessors times
-the tile's work over its estimated efficiency). The grid has one block per tile (the kernels loop over tiles
-grid-stride, so any grid is correct).
+GEMMs (matmul forward and both gradients; linear forward, dx and dw) run on the SGEMM core. The
+block size names the tile: 256 threads compute 128×128 tiles (8×8 per thread), 128 threads 64×64
+tiles (8×4 per thread). A problem with few tiles (fewer than two per multiprocessor of an H200)
+may split its contraction k into `splits` ranges of whole k-tiles: the first launch then writes
+each range's partial product to a workspace and a second (`*_ksum`) adds the partials in split
+order, bias last: deterministic, no atomics, and the split count comes from the shape alone.
+`gemm_config` picks the tile shape and the split count with the least estimated time (a cost
+model: the most blocks any multiprocessor runs, each a tile's FMAs over its k range, over the
+throughput of the tile shape at the warps resident there; plus the partials' traffic and a
+launch). The grid has one block per (tile, split) (the kernels loop grid-stride, so any grid is
+correct).
+
+linear's forward with at most GEMV_ROWS rows is a GEMV: w (out × in) holds each output column's
+weights contiguous along k, read as 16-byte chunks; a warp takes a few columns and one of k_warps
+slices of k (as many slices as fill the device best). Up to 8 rows the tile is lean enough for
+half the warp slots of a multiprocessor (a memory-bound kernel); up to 16, a quarter.
 
 linear's bias gradient sums g's columns: one launch over all rows when that gives the GPU enough
 blocks (or rows are few), else two: row chunks into a workspace, then the chunks' sums.
@@ -33,9 +42,34 @@ SMALL = (64, 64, 128)
 SMALL_EFFICIENCY = 0.75
 """Throughput of a multiprocessor on 64×64 tiles relative to 128×128 ones (fewer FMAs per
 shared-memory load, twice the L2 traffic per FMA): the price of the smaller tile."""
-LONE_BIG_EFFICIENCY = 0.8
-"""... and on a single 128×128 block (8 warps hide less latency than two blocks' 16). Both are
-estimates, not yet measured on the H200."""
+RESIDENT = {BIG: 2, SMALL: 4}
+"""Blocks of each tile shape one multiprocessor holds (128 registers per thread)."""
+WARP_EFFICIENCY = {4: 0.6, 8: 0.8, 12: 0.9}
+"""Throughput of a multiprocessor with this many resident GEMM warps relative to 16 or more (fewer
+warps hide less of each k-tile's load latency). All these are estimates, not yet measured on
+the H200."""
+BK = 8
+"""Elements of k per k-tile of the SGEMM core (linalg.cuh GemmTile::BK)."""
+SPLIT_MIN_KTILES = 8
+"""Split-K: every split keeps at least this many k-tiles ..."""
+MAX_PARTIAL_ELEMENTS = 1 << 24
+"""... and the partials stay within 64 MiB."""
+SM_FMA_RATE = 128 * 1.98e9
+"""FP32 FMAs per second of one H200 multiprocessor (128 lanes at 1.98 GHz)."""
+BANDWIDTH = 4.8e12
+"""Bytes per second of the H200's HBM3e (nominal): the partials' traffic."""
+LAUNCH_SECONDS = 3e-6
+"""The cost of one more launch (the partials' sum)."""
+
+GEMV_THREADS = 256
+GEMV_TILES = ((8, 2, 4, "capsule_linear_fwd_gemv8"), (16, 3, 2, "capsule_linear_fwd_gemv16"))
+"""linear's forward GEMVs (linalg.cuh GemvTile), fewest rows first: (rows of x at most, output
+columns per warp, blocks of GEMV_THREADS one multiprocessor holds (__launch_bounds__), entry
+point)."""
+GEMV_ROWS = GEMV_TILES[-1][0]
+GEMV_REDUCE_CHUNKS = 2
+"""The GEMV's reduction (butterflies over the lanes, then the warps' slices) costs about as much
+as this many of a lane's 16-byte chunks of k (an estimate)."""
 
 COLUMN_BLOCK = 256
 """Threads of the column-sum blocks: 8 warps, each a phase of the rows, lanes the columns."""
@@ -61,21 +95,91 @@ def _grid(blocks: int) -> tuple[int, int, int]:
     return (max(1, min(blocks, GRID_LIMITS[0])), 1, 1)
 
 
-def gemm_shape(batch: int, m: int, n: int) -> tuple[int, int, int]:
-    """The tile shape (BIG or SMALL) for a batch of m×n outputs: fewer rounds of tiles over the
-    multiprocessors, each round weighted by the tile's work over its efficiency."""
-    def rounds(shape):
-        bm, bn, _ = shape
-        return _cdiv(batch * _cdiv(m, bm) * _cdiv(n, bn), MULTIPROCESSORS)
-    big = rounds(BIG) * BIG[0] * BIG[1] / (LONE_BIG_EFFICIENCY if rounds(BIG) <= 1 else 1.0)
-    small = rounds(SMALL) * SMALL[0] * SMALL[1] / SMALL_EFFICIENCY
-    return BIG if big <= small else SMALL
+def _warp_efficiency(warps: int) -> float:
+    return 1.0 if warps >= 16 else WARP_EFFICIENCY.get(warps, warps / 16)
 
 
-def gemm_launch(symbol: str, args: tuple, batch: int, m: int, n: int) -> Launch:
-    """A launch of one SGEMM entry point whose GEMM has `batch` outputs of m×n."""
-    bm, bn, threads = gemm_shape(batch, m, n)
-    return Launch(symbol, _grid(batch * _cdiv(m, bm) * _cdiv(n, bn)), (threads, 1, 1), args)
+def gemm_seconds(shape: tuple[int, int, int], batch: int, m: int, n: int, k: int, splits: int) -> float:
+    """Estimated time of a GEMM of `batch` m×n outputs over k on `shape` tiles in `splits` ranges."""
+    bm, bn, threads = shape
+    tiles = batch * _cdiv(m, bm) * _cdiv(n, bn)
+    if tiles == 0:
+        return 0.0
+    per_sm = _cdiv(tiles * splits, MULTIPROCESSORS)
+    warps = min(per_sm, RESIDENT[shape]) * threads // 32
+    efficiency = (SMALL_EFFICIENCY if shape == SMALL else 1.0) * _warp_efficiency(warps)
+    klen = _cdiv(_cdiv(k, BK), splits) * BK
+    seconds = per_sm * bm * bn * klen / (SM_FMA_RATE * efficiency)
+    if splits > 1:
+        seconds += 4 * (2 * splits + 1) * batch * m * n / BANDWIDTH + LAUNCH_SECONDS
+    return seconds
+
+
+def max_splits(batch: int, m: int, n: int, k: int) -> int:
+    """The most k ranges a GEMM may be split into (1: none)."""
+    count = batch * m * n
+    if count == 0:
+        return 1
+    return max(1, min(_cdiv(k, BK) // SPLIT_MIN_KTILES, MAX_PARTIAL_ELEMENTS // count))
+
+
+def gemm_config(batch: int, m: int, n: int, k: int) -> tuple[tuple[int, int, int], int]:
+    """The tile shape (BIG or SMALL) and split count of a GEMM with the least estimated time;
+    splits only where the tile shape has fewer than two tiles per multiprocessor. Ties go to
+    the fewer splits, then BIG."""
+    best = None
+    for shape in (BIG, SMALL):
+        tiles = batch * _cdiv(m, shape[0]) * _cdiv(n, shape[1])
+        top = max_splits(batch, m, n, k) if tiles < 2 * MULTIPROCESSORS else 1
+        for splits in range(1, top + 1):
+            ktiles = _cdiv(k, BK)
+            if splits > 1 and _cdiv(ktiles, _cdiv(ktiles, splits)) != splits:
+                continue  # a count whose last range would be empty: the same ranges as a smaller one
+            key = (gemm_seconds(shape, batch, m, n, k, splits), splits, shape != BIG)
+            if best is None or key < best[0]:
+                best = (key, shape, splits)
+    return best[1], best[2]
+
+
+def gemm_launches(symbol: str, ksum: str, operands: tuple[str, str], out: str, dims: tuple, batch: int, m: int,
+                  n: int, k: int, workspace: str = "partial", bias: str | None = None) -> tuple[tuple[Launch, ...], int]:
+    """The launches of one SGEMM entry point whose GEMM has `batch` outputs of m×n over k (one, or
+    with split-K two: the partials, then their sum through `ksum`), and the workspace they need
+    (elements; 0: none)."""
+    shape, splits = gemm_config(batch, m, n, k)
+    bm, bn, threads = shape
+    tiles = batch * _cdiv(m, bm) * _cdiv(n, bn)
+    gemm = Launch(symbol, _grid(tiles * splits), (threads, 1, 1),
+                  (*operands, *((bias,) if bias else ()), out, workspace if splits > 1 else out, *dims, splits))
+    if splits == 1:
+        return (gemm,), 0
+    count = batch * m * n
+    grid, block = grid_1d(_cdiv(count, 4), 256)
+    sizes = (m, n) if bias else (count,)
+    total = Launch(ksum, grid, block, (workspace, *((bias,) if bias else ()), out, *sizes, splits))
+    return (gemm, total), splits * count
+
+
+def gemv_tile(rows: int) -> tuple[int, int, int, str]:
+    """The GEMV tile of GEMV_TILES for `rows` (≤ GEMV_ROWS) rows of x."""
+    return next(t for t in GEMV_TILES if rows <= t[0])
+
+
+def gemv_k_warps(in_features: int, out_features: int, cols: int, resident: int) -> int:
+    """Warps sharing a GEMV column group's k (1, 2, 4 or 8): the fewest rounds of blocks over the
+    device, each as long as a lane's chunks of k plus the reduction, and no more warps than k has
+    128-element sweeps."""
+    groups = _cdiv(out_features, cols)
+    warps = GEMV_THREADS // 32
+    best = None
+    k_warps = 1
+    while k_warps <= warps and (k_warps == 1 or 128 * (k_warps // 2) < in_features):
+        rounds = _cdiv(_cdiv(groups, warps // k_warps), resident * MULTIPROCESSORS)
+        cost = rounds * (_cdiv(in_features, 128 * k_warps) + GEMV_REDUCE_CHUNKS)
+        if best is None or cost < best[0]:
+            best = (cost, k_warps)
+        k_warps *= 2
+    return best[1]
 
 
 # -- matmul -------------------------------------------------------------------------------------
@@ -89,21 +193,25 @@ def _matmul_dims(inputs):
 def matmul_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
     a, b, batch, m, k, n = _matmul_dims(inputs)
     out = tuple(a[:-1]) + (n,)
+    launches, workspace = gemm_launches("capsule_matmul_fwd", "capsule_matmul_fwd_ksum", ("a", "b"), "out",
+                                        (batch, m, k, n), batch, m, n, k)
     buffers = (Buffer("a", "input", "float32", _numel(a)), Buffer("b", "input", "float32", _numel(b)),
                Buffer("out", "output", "float32", _numel(out)))
-    launch = gemm_launch("capsule_matmul_fwd", ("a", "b", "out", batch, m, k, n), batch, m, n)
-    return LaunchPlan("matmul", "forward", buffers, (launch,), output_shapes={"out": out})
+    buffers += (Buffer("partial", "workspace", "float32", workspace),) if workspace else ()
+    return LaunchPlan("matmul", "forward", buffers, launches, output_shapes={"out": out})
 
 
 def matmul_backward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
     a, b, batch, m, k, n = _matmul_dims(inputs)
+    dims = (batch, m, k, n)
+    da, da_ws = gemm_launches("capsule_matmul_bwd_a", "capsule_matmul_bwd_ksum", ("g", "b"), "da", dims, batch, m, k, n)
+    db, db_ws = gemm_launches("capsule_matmul_bwd_b", "capsule_matmul_bwd_ksum", ("a", "g"), "db", dims, batch, k, n, m)
     buffers = (Buffer("a", "input", "float32", _numel(a)), Buffer("b", "input", "float32", _numel(b)),
                Buffer("g", "input", "float32", batch * m * n),
                Buffer("da", "output", "float32", _numel(a)), Buffer("db", "output", "float32", _numel(b)))
-    dims = (batch, m, k, n)
-    launches = (gemm_launch("capsule_matmul_bwd_a", ("g", "b", "da", *dims), batch, m, k),
-                gemm_launch("capsule_matmul_bwd_b", ("a", "g", "db", *dims), batch, k, n))
-    return LaunchPlan("matmul", "backward", buffers, launches, output_shapes={"da": tuple(a), "db": tuple(b)})
+    # The two GEMMs run one after the other: they share one workspace.
+    buffers += (Buffer("partial", "workspace", "float32", max(da_ws, db_ws)),) if da_ws or db_ws else ()
+    return LaunchPlan("matmul", "backward", buffers, da + db, output_shapes={"da": tuple(a), "db": tuple(b)})
 
 
 # -- linear -------------------------------------------------------------------------------------
@@ -119,8 +227,17 @@ def linear_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Laun
     out = tuple(x[:-1]) + (out_features,)
     buffers = (Buffer("x", "input", "float32", _numel(x)), Buffer("w", "input", "float32", _numel(w)),
                Buffer("b", "input", "float32", out_features), Buffer("out", "output", "float32", _numel(out)))
-    launch = gemm_launch("capsule_linear_fwd", ("x", "w", "b", "out", rows, width, out_features), 1, rows, out_features)
-    return LaunchPlan("linear", "forward", buffers, (launch,), output_shapes={"out": out})
+    dims = (rows, width, out_features)
+    if rows <= GEMV_ROWS:
+        _, cols, resident, symbol = gemv_tile(rows)
+        k_warps = gemv_k_warps(width, out_features, cols, resident)
+        blocks = _cdiv(_cdiv(out_features, cols), GEMV_THREADS // 32 // k_warps)
+        launches = (Launch(symbol, _grid(blocks), (GEMV_THREADS, 1, 1), ("x", "w", "b", "out", *dims, k_warps)),)
+    else:
+        launches, workspace = gemm_launches("capsule_linear_fwd", "capsule_linear_fwd_ksum", ("x", "w"), "out", dims,
+                                            1, rows, out_features, width, bias="b")
+        buffers += (Buffer("partial", "workspace", "float32", workspace),) if workspace else ()
+    return LaunchPlan("linear", "forward", buffers, launches, output_shapes={"out": out})
 
 
 def column_sum_launches(source: str, target: str, rows: int, cols: int, workspace: str) -> tuple[tuple[Launch, ...], int]:
@@ -147,8 +264,13 @@ def linear_backward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Lau
                Buffer("db", "output", "float32", out_features))
     if workspace:
         buffers += (Buffer("db_partials", "workspace", "float32", workspace),)
-    launches = (gemm_launch("capsule_linear_bwd_x", ("g", "w", "dx", *dims), 1, rows, width),
-                gemm_launch("capsule_linear_bwd_w", ("x", "g", "dw", *dims), 1, out_features, width)) + sums
+    dx, dx_ws = gemm_launches("capsule_linear_bwd_x", "capsule_linear_bwd_ksum", ("g", "w"), "dx", dims,
+                              1, rows, width, out_features)
+    dw, dw_ws = gemm_launches("capsule_linear_bwd_w", "capsule_linear_bwd_ksum", ("x", "g"), "dw", dims,
+                              1, out_features, width, rows)
+    # The two GEMMs run one after the other: they share one workspace.
+    buffers += (Buffer("partial", "workspace", "float32", max(dx_ws, dw_ws)),) if dx_ws or dw_ws else ()
+    launches = dx + dw + sums
     return LaunchPlan("linear", "backward", buffers, launches,
                       output_shapes={"dx": tuple(x), "dw": tuple(w), "db": (out_features,)})
 
@@ -196,10 +318,16 @@ PLANS = {
 
 GEMM_SYMBOLS = ("capsule_matmul_fwd", "capsule_matmul_bwd_a", "capsule_matmul_bwd_b", "capsule_linear_fwd",
                 "capsule_linear_bwd_x", "capsule_linear_bwd_w")
+KSUM_SYMBOLS = ("capsule_matmul_fwd_ksum", "capsule_matmul_bwd_ksum", "capsule_linear_fwd_ksum",
+                "capsule_linear_bwd_ksum")
+GEMV_SYMBOLS = tuple(t[3] for t in GEMV_TILES)
 REDUCTION_MAX_THREADS = 1024
-"""__launch_bounds__ of the reduction kernels (linear_bwd_b, mse_loss)."""
+"""__launch_bounds__ of the reduction kernels (linear_bwd_b, mse_loss); the split sums have none
+(any block up to 1024 threads)."""
 
 BUDGET = KernelBudget(max_registers=register_budget(REDUCTION_MAX_THREADS),
-                      registers={name: register_budget(BIG[2], 2) for name in GEMM_SYMBOLS})
-"""GEMMs: two blocks of BIG's threads per multiprocessor (128 registers); the reductions: a
+                      registers={**{name: register_budget(BIG[2], 2) for name in GEMM_SYMBOLS},
+                                 **{t[3]: register_budget(GEMV_THREADS, t[2]) for t in GEMV_TILES}})
+"""GEMMs: two blocks of BIG's threads per multiprocessor (128 registers); the GEMVs: four blocks
+of 256 threads (64 registers) for 8 rows, two (128) for 16; the reductions and split sums: a
 1024-thread block (64 registers)."""
