@@ -161,12 +161,15 @@ _OPS: dict[BackendOp, _Op] = {
         "reduce", "Native-CUDA sum reduction.",
         "The sum over one axis (removed) or over everything (a scalar); an empty sum is 0.",
         "dx = g broadcast back over the reduced axis.",
-        (("fwd", _in("x") + _out("y") + _AXIS3 + ("int64_t chunk",)), ("bwd", _in("g") + _out("dx") + _AXIS3))),
+        (("fwd", _in("x") + _out("y") + _AXIS3 + ("int64_t chunk",)),
+         ("fwd_block", _in("x") + _out("y") + ("int64_t outer", "int64_t size", "int64_t chunk")),
+         ("bwd", _in("g") + _out("dx") + _AXIS3))),
     BackendOp.REDUCE_MEAN: _Op(
         "reduce", "Native-CUDA arithmetic-mean reduction.",
         "The sum over one axis or everything times 1/n; an empty mean is NaN.",
         "dx = g/n broadcast back over the reduced axis.",
         (("fwd", _in("x") + _out("y") + _AXIS3 + ("int64_t chunk", "int64_t count")),
+         ("fwd_block", _in("x") + _out("y") + ("int64_t outer", "int64_t size", "int64_t chunk", "int64_t count")),
          ("bwd", _in("g") + _out("dx") + _AXIS3))),
     BackendOp.RESHAPE: _Op(
         "view", "Native-CUDA shape-preserving reshape view.",

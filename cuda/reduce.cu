@@ -1,15 +1,17 @@
 // reduce_sum and reduce_mean over x viewed as (outer, size, inner); y is (outer, chunks, inner).
 //
 // The forward sums each chunk of `chunk` elements along the axis (chunk >= size: the whole axis,
-// one chunk). A reduction with few outputs runs in two launches of the same kernel: chunks into a
-// workspace of partial sums, then those partials (chunk = their count) into y. The mean scales
-// by 1/count at the end: count = 1 (exact) for the partials, n for the final launch.
+// one chunk). A reduction with few outputs runs in two launches: chunks into a workspace of
+// partial sums, then those partials (chunk = their count) into y. The mean scales by 1/count at
+// the end: count = 1 (exact) for the partials, n for the final launch.
 // Paths (capsule_reduce_path): inner = 1 sums contiguous segments, a group of lanes per short
-// segment or a block per long one (16-byte loads); inner > 1 keeps threads along inner so that
-// loads coalesce: a thread per output for short segments, else a block per tile of outputs.
+// segment or a block per long one (16-byte loads, four in flight per thread); inner > 1 keeps
+// threads along inner so that loads coalesce: a thread per output for short segments, else a
+// block per tile of outputs. capsule_reduce_<op>_fwd takes every path (any shape); the block per
+// segment, the path of long contiguous sums, also has an entry point of its own,
+// capsule_reduce_<op>_fwd_block (inner = 1), built lean for twice the blocks per multiprocessor.
 // Every reduction has a fixed order for a given launch: no atomics, the same bits run to run.
-// Launch contract: blockDim.x a multiple of 32, at most CAPSULE_REDUCE_THREADS (built for 4 such blocks
-// per multiprocessor, so at most 64 registers); any grid size.
+// Launch contract: blockDim.x a multiple of 32, at most CAPSULE_REDUCE_THREADS; any grid size.
 #include "reduce.cuh"
 
 namespace {
@@ -22,8 +24,13 @@ __device__ __forceinline__ float finish(float sum, float inverse_count) {
     return MEAN ? capsule_mean(sum, inverse_count) : sum;
 }
 
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
 // inner = 1, short segments: G lanes per segment, several segments per warp, R segments per
-// group at a time (their loads all in flight together).
+// group at a time (their loads all in flight together); a lane's loads along a segment come four
+// at a time, all issued before the additions (which keep the sequential order).
 template <bool MEAN, int G, int R>
 __device__ void row_group(const float* __restrict__ x, float* __restrict__ y, int64_t segments, int64_t size,
                           int64_t chunk, int64_t chunks, float inverse_count) {
@@ -42,8 +49,15 @@ __device__ void row_group(const float* __restrict__ x, float* __restrict__ y, in
             if (q < segments) {
                 const CapsuleSegment seg = capsule_reduce_segment(q, size, chunk, chunks);
                 const float* p = x + seg.outer * size + seg.start;
-#pragma unroll 4
-                for (int64_t j = sub; j < seg.length; j += G) acc[r] += p[j];
+                int64_t j = sub;
+                for (; j + 3 * G < seg.length; j += 4 * G) {
+                    const float v0 = p[j], v1 = p[j + G], v2 = p[j + 2 * G], v3 = p[j + 3 * G];
+                    acc[r] += v0;
+                    acc[r] += v1;
+                    acc[r] += v2;
+                    acc[r] += v3;
+                }
+                for (; j < seg.length; j += G) acc[r] += p[j];
             }
         }
 #pragma unroll
@@ -55,7 +69,8 @@ __device__ void row_group(const float* __restrict__ x, float* __restrict__ y, in
     }
 }
 
-// inner = 1, long segments: a block per segment.
+// inner = 1, long segments: a block per segment. The float4 body keeps four 16-byte loads in
+// flight per thread: each round loads all four before the first addition (one loop test per round).
 template <bool MEAN>
 __device__ void row_block(const float* __restrict__ x, float* __restrict__ y, int64_t segments, int64_t size,
                           int64_t chunk, int64_t chunks, float inverse_count) {
@@ -67,21 +82,33 @@ __device__ void row_block(const float* __restrict__ x, float* __restrict__ y, in
         const CapsuleSplit split = capsule_reduce_split(reinterpret_cast<uintptr_t>(p), seg.length);
         float acc = 0.0f;
         for (int64_t i = threadIdx.x; i < split.head; i += step) acc += p[i];
-        const float4* body = reinterpret_cast<const float4*>(p + split.head);
+        const float* body = p + split.head;
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-        for (int64_t j = threadIdx.x; j < split.body4; j += step) {
-            const float4 v = body[j];
-            a.x += v.x;
-            a.y += v.y;
-            a.z += v.z;
-            a.w += v.w;
+        int64_t j = threadIdx.x;
+        for (; j + 3 * step < split.body4; j += 4 * step) {
+            const float4 v0 = capsule::load4(body, j);
+            const float4 v1 = capsule::load4(body, j + step);
+            const float4 v2 = capsule::load4(body, j + 2 * step);
+            const float4 v3 = capsule::load4(body, j + 3 * step);
+            a = add4(a, v0);
+            a = add4(a, v1);
+            a = add4(a, v2);
+            a = add4(a, v3);
         }
+        for (; j < split.body4; j += step) a = add4(a, capsule::load4(body, j));
         for (int64_t i = split.head + 4 * split.body4 + threadIdx.x; i < seg.length; i += step) acc += p[i];
         acc += (a.x + a.y) + (a.z + a.w);
         acc = block_sum(acc, scratch);
         if (threadIdx.x == 0) y[q] = finish<MEAN>(acc, inverse_count);
     }
+}
+
+// The block-per-segment kernel's launch: x as (outer, size) rows (inner = 1).
+template <bool MEAN>
+__device__ void reduce_rows(const float* __restrict__ x, float* __restrict__ y, int64_t outer, int64_t size,
+                            int64_t chunk, float inverse_count) {
+    const int64_t chunks = capsule_reduce_chunks(size, chunk);
+    row_block<MEAN>(x, y, outer * chunks, size, capsule_reduce_span(size, chunk), chunks, inverse_count);
 }
 
 // inner > 1, short segments: a thread per output, consecutive threads along inner.
@@ -185,25 +212,37 @@ __device__ void broadcast_back(const float* __restrict__ g, float* __restrict__ 
 
 }  // namespace
 
-extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_BLOCKS) void
     capsule_reduce_sum_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t outer, int64_t size,
                            int64_t inner, int64_t chunk) {
     reduce<false>(x, y, outer, size, inner, chunk, 1.0f);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_LEAN_BLOCKS) void
+    capsule_reduce_sum_fwd_block(const float* __restrict__ x, float* __restrict__ y, int64_t outer, int64_t size,
+                                 int64_t chunk) {
+    reduce_rows<false>(x, y, outer, size, chunk, 1.0f);
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_BLOCKS) void
     capsule_reduce_sum_bwd(const float* __restrict__ g, float* __restrict__ dx, int64_t outer, int64_t size,
                            int64_t inner) {
     broadcast_back<false>(g, dx, outer, size, inner, 1.0f);
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_BLOCKS) void
     capsule_reduce_mean_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t outer, int64_t size,
                             int64_t inner, int64_t chunk, int64_t count) {
     reduce<true>(x, y, outer, size, inner, chunk, capsule_inverse_count(count));
 }
 
-extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, 4) void
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_LEAN_BLOCKS) void
+    capsule_reduce_mean_fwd_block(const float* __restrict__ x, float* __restrict__ y, int64_t outer, int64_t size,
+                                  int64_t chunk, int64_t count) {
+    reduce_rows<true>(x, y, outer, size, chunk, capsule_inverse_count(count));
+}
+
+extern "C" __global__ __launch_bounds__(CAPSULE_REDUCE_THREADS, CAPSULE_REDUCE_BLOCKS) void
     capsule_reduce_mean_bwd(const float* __restrict__ g, float* __restrict__ dx, int64_t outer, int64_t size,
                             int64_t inner) {
     broadcast_back<true>(g, dx, outer, size, inner, capsule_inverse_count(size));

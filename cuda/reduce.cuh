@@ -9,6 +9,11 @@
 
 // Threads per block of every kernel of the family (the plans launch exactly this many).
 constexpr int CAPSULE_REDUCE_THREADS = 256;
+// Blocks per multiprocessor the kernels are built for: the forward's every-path kernel and the
+// backward 4 (at most 64 registers), the block-per-segment kernel 8 (the whole multiprocessor,
+// at most 32 registers).
+constexpr int CAPSULE_REDUCE_BLOCKS = 4;
+constexpr int CAPSULE_REDUCE_LEAN_BLOCKS = 8;
 
 // 1/n rounded once to float32 (n < 2^53 is exact in double); n = 0 gives +inf, so an empty
 // mean is 0 * inf = NaN.

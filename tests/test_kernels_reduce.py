@@ -79,6 +79,19 @@ def test_planted_plan_faults_are_caught():
     ]) == []
 
 
+def _shaped(shape):
+    """A float32 input of `shape` that allocates nothing (plans read shapes only)."""
+    return np.broadcast_to(np.float32(0), shape)
+
+
+def _geometry_args(launch):
+    """A forward launch's arguments as capsule_<op>_fwd's: (x, y, outer, size, inner, chunk[, count]);
+    the block-per-segment kernel takes no inner (it is 1)."""
+    if launch.symbol.endswith("_fwd_block"):
+        return launch.args[:4] + (1,) + launch.args[4:]
+    return launch.args
+
+
 @pytest.mark.parametrize("shape, axis, two", [
     ((7,), None, False), ((1024, 4099), -1, False), ((100_003,), None, True), ((4_000_037,), None, True),
     ((3, 100_001), -1, True), ((4097,), 0, True), ((100_000, 3), 0, True), ((64, 129), 0, False), ((2, 0, 3), 1, False),
@@ -90,17 +103,17 @@ def test_few_outputs_over_a_long_axis_take_two_launches(shape, axis, two):
         assert len(plan.launches) == (2 if two else 1)
         outer, size, inner = plans.geometry(shape, axis)
         if two:
-            first, second = plan.launches
-            chunk = first.args[5]
+            first, second = (_geometry_args(launch) for launch in plan.launches)
+            chunk = first[5]
             chunks = plans.chunks_of(size, chunk)
             assert chunk % plans.CHUNK_QUANTUM == 0 and 2 <= chunks <= plans.TARGET_BLOCKS
-            assert first.args[:5] == ("x", "partials", outer, size, inner)
-            assert second.args[:6] == ("partials", "out", outer, chunks, inner, chunks)
+            assert first[:5] == ("x", "partials", outer, size, inner)
+            assert second[:6] == ("partials", "out", outer, chunks, inner, chunks)
             assert plan.buffer("partials").elements == outer * chunks * inner
             if op == "reduce_mean":
-                assert (first.args[6], second.args[6]) == (1, size)
+                assert (first[6], second[6]) == (1, size)
         elif op == "reduce_mean":
-            assert plan.launches[0].args[5:] == (size, size)
+            assert _geometry_args(plan.launches[0])[5:] == (size, size)
 
 
 def test_plans_size_the_grid_by_the_kernels_path():
@@ -112,6 +125,32 @@ def test_plans_size_the_grid_by_the_kernels_path():
     assert plans.grid(1, 64, 129, 64) == (5, 1, 1)              # tiles of 32 outputs
     assert plans.grid(100, 3, 1000, 3) == (-(-100_000 // 256), 1, 1)  # a thread per output
     assert plans.grid(10**7, 2000, 1, 2000) == (plans.MAX_BLOCKS, 1, 1)
+
+
+@pytest.mark.parametrize("shape, axis, symbols", [
+    ((2**28,), None, ("fwd_block", "fwd_block")),           # 1053 chunks, then their sum in one block
+    ((1024, 4099), -1, ("fwd_block",)),                    # a block per row
+    ((3, 100_001), -1, ("fwd_block", "fwd")),              # chunks of 2048 (49 a row), then their sums: groups
+    ((10_000, 100), -1, ("fwd",)),                         # a warp per row
+    ((100_000, 3), 0, ("fwd", "fwd")),                     # tiles, then columns
+    ((64, 129), 0, ("fwd",))])
+def test_plans_launch_the_block_per_segment_path_through_its_own_kernel(shape, axis, symbols):
+    for op in OPS:
+        plan = plans.PLANS[op][0]({"x": _shaped(shape)}, {"axis": axis})
+        assert tuple(launch.symbol for launch in plan.launches) == tuple(f"capsule_{op}_{s}" for s in symbols)
+        for launch in plan.launches:
+            outer, size, inner, chunk = _geometry_args(launch)[2:6]
+            span = size if plans.chunks_of(size, chunk) == 1 else chunk
+            assert (plans.path(span, inner) == plans.ROW_BLOCK) == launch.symbol.endswith("_fwd_block")
+
+
+def test_a_full_reduction_fills_the_device_with_lean_blocks():
+    """reduce_sum of 2^28 floats: one wave of the block-per-segment kernel, eight blocks per
+    multiprocessor of an H200 (132), built for eight (its 32-register budget)."""
+    plan = plans.PLANS["reduce_sum"][0]({"x": _shaped((2**28,))}, {"axis": None})
+    first = plan.launches[0]
+    assert 132 <= first.grid[0] <= plans.TARGET_BLOCKS == 8 * 132
+    assert plans.BUDGET.registers_for(first.symbol) == 32 and plans.BUDGET.registers_for("capsule_reduce_sum_fwd") == 64
 
 
 def test_python_mirror_of_the_path_choice_matches_the_header(lib):

@@ -6,7 +6,9 @@ outputs over a long axis) the plan runs it twice: x into a workspace of partial 
 (outer, chunks, inner), then the partials into y; the mean scales by 1/count only in the second
 launch (count = 1, an exact scaling, in the first). Both launches have a fixed reduction order:
 the result is deterministic. The kernels pick their path from (span, inner) (cuda/reduce.cuh);
-the plans mirror that choice only to size the grid, which never affects correctness.
+the plans mirror that choice to size the grid, which never affects correctness, and to launch the
+block-per-segment path (inner = 1, segments over GROUP_SPAN) through its own lean entry point,
+capsule_<op>_fwd_block; capsule_<op>_fwd takes every other path (and any shape).
 """
 
 from __future__ import annotations
@@ -22,12 +24,20 @@ THREADS = 256
 """CAPSULE_REDUCE_THREADS: the kernels' __launch_bounds__ and the block of every launch."""
 MAX_BLOCKS = 132 * 32
 """32 blocks per H200 multiprocessor; beyond that the blocks loop."""
-TARGET_BLOCKS = 4 * 132
-"""Blocks a two-launch reduction aims its first launch at: four per multiprocessor."""
+BLOCKS = 4
+"""CAPSULE_REDUCE_BLOCKS: blocks per multiprocessor capsule_<op>_fwd and _bwd are built for."""
+LEAN_BLOCKS = 8
+"""CAPSULE_REDUCE_LEAN_BLOCKS: the same for the block-per-segment kernel (32 registers)."""
+TARGET_BLOCKS = LEAN_BLOCKS * 132
+"""Blocks a two-launch reduction aims its first launch at: one full wave of the lean block-per-
+segment kernel on an H200 (eight per multiprocessor)."""
 SPLIT_MIN_SIZE = 4096
 """Axes shorter than this are summed in one launch whatever the output count."""
 CHUNK_QUANTUM = 1024
 """Chunks are multiples of this (whole float4 runs, at least 1024 elements per block)."""
+MIN_CHUNK = 2048
+"""The shortest chunk: past GROUP_SPAN, so that contiguous chunks take the block-per-segment path
+(a warp per 1024-element chunk would leave most of the device idle)."""
 
 # The kernel paths (CAPSULE_REDUCE_* in cuda/reduce.cuh) and their bounds.
 ROW_GROUP, ROW_BLOCK, COLUMN, TILE = 0, 1, 2, 3
@@ -100,7 +110,7 @@ def split_chunk(outer: int, size: int, inner: int) -> int:
         return 0
     wanted = -(-TARGET_BLOCKS // units)
     chunk = -(-size // wanted)
-    chunk = -(-chunk // CHUNK_QUANTUM) * CHUNK_QUANTUM
+    chunk = max(MIN_CHUNK, -(-chunk // CHUNK_QUANTUM) * CHUNK_QUANTUM)
     return chunk if chunks_of(size, chunk) > 1 else 0
 
 
@@ -108,8 +118,12 @@ def _forward(op: str):
     mean = op == "reduce_mean"
 
     def launch(source: str, target: str, outer: int, size: int, inner: int, chunk: int, count: int) -> Launch:
-        args = (source, target, outer, size, inner, chunk) + ((count,) if mean else ())
-        return Launch(f"capsule_{op}_fwd", grid(outer, size, inner, chunk), (THREADS, 1, 1), args)
+        tail = (chunk,) + ((count,) if mean else ())
+        if path(size if chunks_of(size, chunk) == 1 else chunk, inner) == ROW_BLOCK:
+            return Launch(f"capsule_{op}_fwd_block", grid(outer, size, inner, chunk), (THREADS, 1, 1),
+                          (source, target, outer, size) + tail)
+        return Launch(f"capsule_{op}_fwd", grid(outer, size, inner, chunk), (THREADS, 1, 1),
+                      (source, target, outer, size, inner) + tail)
 
     def plan(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
         shape = tuple(np.shape(inputs["x"]))
@@ -152,5 +166,7 @@ def _reduced_shape(shape: tuple, axis) -> tuple:
 PLANS = {op: (_forward(op), _backward(op)) for op in ("reduce_sum", "reduce_mean")}
 
 
-BUDGET = KernelBudget(max_registers=register_budget(THREADS, 4))
-"""__launch_bounds__(CAPSULE_REDUCE_THREADS, 4): four blocks per multiprocessor."""
+BUDGET = KernelBudget(max_registers=register_budget(THREADS, BLOCKS),
+                      registers={f"capsule_{op}_fwd_block": register_budget(THREADS, LEAN_BLOCKS) for op in PLANS})
+"""capsule_<op>_fwd and _bwd: four blocks of THREADS per multiprocessor (64 registers); the
+block-per-segment kernels eight (32 registers)."""
