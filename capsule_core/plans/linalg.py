@@ -288,10 +288,13 @@ def mse_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchP
     n = _numel(shape)
     chunk = mse_chunk(n)
     chunks = _cdiv(n, chunk)
-    buffers = (Buffer("pred", "input", "float32", n), Buffer("target", "input", "float32", n),
-               Buffer("partials", "workspace", "float32", 2 * chunks), Buffer("out", "output", "float32", 1))
+    # A single chunk writes the mean itself and never touches `partials`: no workspace then (one
+    # that no launch writes would be read back uninitialised), the output passed in its place.
+    partials = (Buffer("partials", "workspace", "float32", 2 * chunks),) if chunks > 1 else ()
+    buffers = (Buffer("pred", "input", "float32", n), Buffer("target", "input", "float32", n), *partials,
+               Buffer("out", "output", "float32", 1))
     block = (MSE_BLOCK, 1, 1)
-    args = ("pred", "target", "partials", "out", n, chunk)
+    args = ("pred", "target", "partials" if partials else "out", "out", n, chunk)
     launches = (Launch("capsule_mse_loss_fwd", _grid(chunks), block, args + (0,)),)
     if chunks > 1:
         launches += (Launch("capsule_mse_loss_fwd", (1, 1, 1), block, args + (1,)),)
