@@ -139,13 +139,19 @@ def source_closure(source: Path) -> list[Path]:
     return list(seen)
 
 
-def cache_key(source: Path, arch: str, nvcc: Nvcc) -> str:
+def content_key(header: str, paths) -> str:
+    """A cache key: `header` (tools, versions, flags) and every file of `paths`, name and bytes."""
     digest = hashlib.sha256()
-    digest.update(f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n".encode())
-    for path in sorted(source_closure(source), key=lambda p: p.name):
+    digest.update(header.encode())
+    for path in sorted(paths, key=lambda p: p.name):
         digest.update(f"{path.name}\n".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:32]
+
+
+def cache_key(source: Path, arch: str, nvcc: Nvcc) -> str:
+    return content_key(f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n",
+                       source_closure(source))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ flags) beside the cubins, written atomically. Device memory is host memory: allo
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -126,20 +125,14 @@ def family_refs(family: str) -> list:
 
 
 def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...], family_dir: Path) -> str:
-    from ..kernels import cuda_source_dir, source_closure
+    from ..kernels import content_key, cuda_source_dir, source_closure
     source_dir = cuda_source_dir()
-    digest = hashlib.sha256()
-    digest.update(f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
-                  f"flags={' '.join(flags)}\n".encode())
-    digest.update(driver.encode())
     paths = set(source_closure(family_dir / f"{family}.cu")) | set(source_closure(source_dir / EMULATOR_HEADER)) | {
         source_dir / LINKER_SCRIPT}
     if "capsule_emu_runner.h" in driver:
         paths.add(source_dir / "capsule_emu_runner.h")
-    for path in sorted(paths, key=lambda p: p.name):
-        digest.update(f"{path.name}\n".encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:32]
+    return content_key(f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
+                       f"flags={' '.join(flags)}\n{driver}", paths)
 
 
 @dataclass(frozen=True)
