@@ -175,6 +175,26 @@ def _flat(arrays: dict) -> list:
     return [a for v in arrays.values() for a in (v if isinstance(v, tuple) else (v,))]
 
 
+def run_samples(spec: OpSpec, quick: bool, seed: int) -> list[Sample]:
+    """The cases a verify run of `spec` executes: the sized samples (small only when quick), then
+    the edges."""
+    sizes = ("small",) if quick else ("small", "medium", "large")
+    out = [s for size in sizes for s in spec.samples(size, seeded_rng(spec.name, size, seed))]
+    return out + spec.edges()
+
+
+def unknown_case(specs, case: str, quick: bool, seed: int) -> str | None:
+    """Why `--case case` would select nothing in a run of `specs`, or None when some spec has it.
+    A typo must not pass as a run that skipped every check."""
+    known = {s.case for spec in specs for s in run_samples(spec, quick, seed)}
+    if case in known:
+        return None
+    shown = sorted(known)
+    listed = ", ".join(shown[:12]) + (f" and {len(shown) - 12} more" if len(shown) > 12 else "")
+    mode = "quick mode's" if quick else "the"
+    return f"no case {case!r} among {mode} cases of {', '.join(spec.name for spec in specs)} (cases: {listed})"
+
+
 class _Run:
     """Verification of one capsule on one backend."""
 
@@ -190,9 +210,7 @@ class _Run:
     # -- running ----------------------------------------------------------------------------
 
     def samples(self) -> list[Sample]:
-        sizes = ("small",) if self.quick else ("small", "medium", "large")
-        out = [s for size in sizes for s in self.spec.samples(size, seeded_rng(self.spec.name, size, self.seed))]
-        out += self.spec.edges()
+        out = run_samples(self.spec, self.quick, self.seed)
         if self.case_filter:
             out = [s for s in out if s.case == self.case_filter]
         return out

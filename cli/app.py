@@ -287,6 +287,11 @@ def verify(
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
+    if case is not None:
+        from capsule_core.ops import get_spec
+        why = engine.unknown_case([get_spec(c.op.value) for c in capsules], case, quick, seed)
+        if why:
+            raise fail(f"--case: {why}", EXIT_USAGE)
     unwritable = unwritable_outputs({"--json": json_file, "--junit": junit_file})
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)

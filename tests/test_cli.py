@@ -71,6 +71,14 @@ def test_show_unknown_name_exits_2_with_a_suggestion():
     assert result.stdout == ""
 
 
+def test_verify_unknown_case_exits_2_listing_the_cases():
+    """A mistyped --case must not pass as a run that skipped every check."""
+    result = run("verify", "linear", "--backend", "numpy", "--quick", "--case", "edge-nosuch")
+    assert result.exit_code == 2
+    assert "--case: no case 'edge-nosuch'" in result.stderr and "edge-split-k" in result.stderr
+    assert run("verify", "linear", "relu", "--backend", "numpy", "--quick", "--case", "edge-split-k").exit_code == 0
+
+
 def test_select_by_device_and_provider():
     cuda = run("select", "sin", "--device", "cuda")
     assert cuda.exit_code == 0 and "chosen: native_cuda.sin" in cuda.stdout

@@ -214,6 +214,12 @@ def _linear_edges() -> list[Sample]:
                  "b": f32([1.0, 2.0])}
     special = _with_special({"x": (3, 4), "w": (5, 4), "b": (5,)}, rng, "x", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)])
     cases += [Sample(same_sign, {}, "edge-same-sign-in4096", True), Sample(special, {}, "edge-nan-inf", True)]
+    # the paths of plans/linalg.py: 9-16 rows take the GEMV16 kernel, a long k over few tiles
+    # split-K forward, many rows over a small weight split-K in dw
+    cases += [_normal_sample(s, c, rng, True) for s, c in (
+        ({"x": (12, 300), "w": (40, 300), "b": (40,)}, "edge-rows-12"),
+        ({"x": (33, 1024), "w": (17, 1024), "b": (17,)}, "edge-split-k"),
+        ({"x": (2048, 8), "w": (6, 8), "b": (6,)}, "edge-many-rows"))]
     return cases
 
 

@@ -121,6 +121,7 @@ def _common_edges(op: str, huge_rows) -> list[tuple[np.ndarray, str]]:
         (f32(LOGIT_SCALE * rng.standard_normal((3, 37))), "edge-odd"),
         (f32(LOGIT_SCALE * rng.standard_normal((2, 1000))), "edge-row-1000"),
         (f32(LOGIT_SCALE * rng.standard_normal((1, 4097))), "edge-row-4097"),
+        (f32(LOGIT_SCALE * rng.standard_normal((3, 2000))), "edge-row-2000"),
     ]
 
 
@@ -266,7 +267,7 @@ def _hard_masked_edges() -> list[Sample]:
         (f32([[3e38, -3e38, 3e38, 1.0], [-3e38, 3e38, 2.0, 1.0]]), f32([[1, 1, 0, 1], [1, 0, 1, 0]]),
          "edge-huge-logits-masked"),
     ]
-    for shape in ((2, 1000), (1, 4097), (3, 37)):
+    for shape in ((2, 1000), (1, 4097), (3, 37), (3, 2000)):
         key = "x".join(map(str, shape))
         cases.append((f32(LOGIT_SCALE * rng.standard_normal(shape)), _random_mask(rng, shape), f"edge-masked-{key}"))
     return [Sample({"x": x, "mask": m}, {}, c, True) for x, m, c in cases]
