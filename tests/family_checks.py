@@ -429,3 +429,30 @@ def paths_taken(runner, op: str, sample, misaligned: bool = False) -> list:
     replayed.clear()
     assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
     return list(replayed)
+
+
+# -- the kernels' paths, learned from their launches (view, index) ---------------------------------------
+
+def case_plans(op: str, sample) -> tuple[LaunchPlan, ...]:
+    """The forward (and backward) plan of one case, as emulate() runs them."""
+    spec = get_spec(op)
+    forward, backward = plan_functions(registry.lookup(op))
+    arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
+    return (forward(arrays, params),) + ((backward(arrays, params),) if spec.has_vjp else ())
+
+
+def emulated_paths(runner, op: str, sample, path_of, misaligned: bool = False) -> list:
+    """emulated_problems (exact results bit for bit) asserted empty, float32 buffers 4 bytes off
+    16-byte alignment if `misaligned`; returns (symbol, path_of(plan, launch, aligned)) for every
+    launch of the case: the path or mode each kernel takes, learned from its entry point, arguments
+    and meta data and from whether its float32 buffers are 16-byte aligned (`aligned`)."""
+    assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
+    return [(launch.symbol, path_of(plan, launch, not misaligned))
+            for plan in case_plans(op, sample) for launch in plan.launches]
+
+
+def float32_off_16_in(*roles: str):
+    """A misalignment: the float32 buffers of `roles` ("input", "output") 4 bytes off 16-byte
+    alignment, every other buffer aligned (a kernel must check each pointer it moves vectors
+    through, not one for all)."""
+    return lambda buffer: int(buffer.dtype == "float32" and buffer.role in roles)

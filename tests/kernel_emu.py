@@ -4,8 +4,8 @@ written, every input read back bit for bit as it went in.
 
 Two devices run the launches: the emu backend with its grids capped (GridCappedEmu: the kernels
 loop grid-stride, so a grid of a few blocks makes every block walk several tiles or chunks at test
-sizes), and host harnesses called in place of the kernels (HostReplay: the view and index
-families' probes of which path a kernel takes).
+sizes), and host functions called in place of the kernels (HostReplay: what a launch receives
+through DeviceBackend.execute).
 """
 
 from __future__ import annotations
@@ -91,15 +91,6 @@ def emulator(max_grid: tuple[int, int] = (4, 4)) -> PlanRunner:
         import pytest
         pytest.skip(str(exc))
     return PlanRunner(GridCappedEmu(max_grid))
-
-
-def prefilled(count: int) -> np.ndarray:
-    """A 64-byte aligned float32 buffer holding the sentinel (for a harness called outside a plan)."""
-    storage = np.empty(count + 16, np.float32)
-    start = (-storage.ctypes.data % 64) // 4
-    view = storage[start:start + count]
-    view.view(np.uint32)[:] = SENTINEL
-    return view
 
 
 def unwritten(y: np.ndarray) -> np.ndarray:

@@ -1,8 +1,10 @@
 """cuda/index.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
-points; its index arithmetic (cuda/index.cuh, compiled for the host) replays every launch plan on
-the host against numpy (gathers bit for bit, the sums over repeated indices under the error model,
-and bit for bit against np.add.at where a thread sums its segment in j order); the plans' sorted
-CSR order is right and the plans are legal."""
+points; the kernels themselves, run on the CPU emulator as the launch plans launch them (guard
+bands, NaN-prefilled outputs, inputs checked intact, buffers aligned and 4 bytes off), meet the
+contract on every sample and edge (gathers bit for bit, the sums over repeated indices under the
+error model, and bit for bit against np.add.at where a thread sums its segment in j order) and
+take every path; the index arithmetic of cuda/index.cuh (compiled for the host) matches numpy; the
+plans' sorted CSR order is right and the plans are legal."""
 
 import ctypes
 import dataclasses
@@ -14,11 +16,11 @@ from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import index as plans
-from family_checks import (bits, build_problems, cases, counted_replay, family_ops, gradients, missed_faults,
-                           paths_taken, plan_case_problems, plan_inputs, same_bits, signature_problems, symbols)
+from family_checks import (bits, build_problems, cases, emulated_paths, emulated_problems, family_ops,
+                           float32_off_16_in, gradients, missed_faults, plan_case_problems, plan_inputs, same_bits,
+                           signature_problems, symbols, with_launch)
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
-from kernel_emu import prefilled
 
 FAMILY = "index"
 OPS = ("gather", "scatter_add")
@@ -34,102 +36,119 @@ def test_source_spells_out_each_declared_signature():
     assert signature_problems(FAMILY) == []
 
 
-# -- the host harness -------------------------------------------------------------------------------
+# -- the host build of index.cuh, and the path each launch takes --------------------------------------
 
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     p, i64_, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
     return declare(load("index_host", host_build_dir), {
-        "host_gather_fwd": (i32, [p, p, p] + [i64_] * 4),
-        "host_segment_sum": (i32, [p, p, p, p, p] + [i64_] * 4 + [i32]),
         "host_segment_warp_mode": (i32, [i64_] * 4),
-        "host_scatter_add_bwd": (None, [p, p, p, p] + [i64_] * 4),
         "host_segment": (None, [i64_, i64_, i64_, i64_, p, p]),
         "host_gather_source": (i64_, [i64_, i64_, i64_, i64_, p, i32]),
-        "host_misaligned_accesses": (i64_, []),
     })
 
 
-HOST_CALLS = {
-    "capsule_gather_fwd": lambda lib, launch, a: lib.host_gather_fwd(*a),
-    "capsule_gather_bwd": lambda lib, launch, a: lib.host_segment_sum(None, *a, launch.block[0]),
-    "capsule_scatter_add_fwd": lambda lib, launch, a: lib.host_segment_sum(*a, launch.block[0]),
-    "capsule_scatter_add_bwd": lambda lib, launch, a: lib.host_scatter_add_bwd(*a),
-}
-
-
-def segment_sum(lib, src, index, base_shape, axis, base=None, block=plans.BLOCK):
-    """host_segment_sum over the plan's CSR: the sum of src's slices at each index value (plus base)."""
-    outer, size, inner = plans._axis_view(base_shape, axis)
-    order, starts = plans.csr(index, size)
-    n = outer * size * inner
-    out = prefilled(n)
-    src = np.ascontiguousarray(src, np.float32)
-    base_ptr = None if base is None else np.ascontiguousarray(base, np.float32).ctypes.data
-    mode = lib.host_segment_sum(base_ptr, src.ctypes.data, order.ctypes.data, starts.ctypes.data, out.ctypes.data,
-                                outer, size, inner, len(index), block)
-    return out.reshape(base_shape), mode
+SUMS = ("capsule_gather_bwd", "capsule_scatter_add_fwd")
 
 
 @pytest.fixture(scope="module")
-def host(lib):
-    return counted_replay(lib, HOST_CALLS)
+def path_of(lib):
+    """The path a launch takes, from its arguments and the alignment of its float32 buffers: a
+    gather (gather's forward, the dsrc of scatter_add's backward) 1 for 16-byte moves (rows of a
+    multiple of 4 elements on aligned buffers, index.cu's test), 0 for words; a segment sum 1 where
+    a warp sums each element (index.cuh's choice for the launch's block), 0 for a thread."""
+    def path(plan, launch, aligned):
+        outer, size, inner, count = launch.args[-4:]
+        if launch.symbol in SUMS:
+            return lib.host_segment_warp_mode(size, inner, count, launch.block[0])
+        return int(inner % 4 == 0 and aligned)
+    return path
 
 
 @pytest.fixture(scope="module")
 def emu():
+    """cuda/index.cu itself on the CPU emulator (warp shuffles, grid-stride loops, grids capped at 4
+    blocks): guard bands, sentinel-filled outputs, every output written, inputs intact, a 16-byte
+    access off alignment an error (as on a GPU)."""
     return family_emulator()
 
 
-# -- every sample and edge, replayed on the host ------------------------------------------------------
+def segment_sum(runner, lib, src, index, base_shape, axis, base=None, block=plans.BLOCK):
+    """The segment-sum kernel over the plan's CSR in blocks of `block` threads: gather's backward
+    (the sum of src's slices at each index value) or, given base, scatter_add's forward (base plus
+    that sum). Returns the result and the sum mode (1: a warp per element)."""
+    index = np.asarray(index, np.int64)
+    src = np.ascontiguousarray(src, np.float32)
+    if base is None:
+        plan = plans.PLANS["gather"][1]({"x": np.zeros(base_shape, np.float32), "index": index}, {"axis": axis})
+        feed, out = {"g": src}, "dx"
+    else:
+        plan = plans.PLANS["scatter_add"][0]({"base": base, "index": index, "src": src}, {"axis": axis})
+        feed, out = {"base": base, "src": src}, "out"
+    plan = with_launch(plan, block=(block, 1, 1))
+    outer, size, inner, count = plan.launches[0].args[-4:]
+    return runner.run(plan, feed)[out], lib.host_segment_warp_mode(size, inner, count, block)
+
+
+# -- every sample and edge on the emulator ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_plans_replayed_on_the_host_meet_the_contract(host, op):
-    for sample in cases(op):
-        paths_taken(host, op, sample)
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_unaligned_buffers_take_the_scalar_paths(host, op):
-    for sample in cases(op, ("small", "medium")):
-        paths_taken(host, op, sample, misaligned=True)
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_kernels_run_unchanged_on_the_emulator(emu, op):
-    """cuda/index.cu itself (warp shuffles, grid-stride loops, both sum modes) on every sample and
-    edge, then 4 bytes off alignment."""
-    for sample in cases(op):
-        paths_taken(emu, op, sample)
-    for sample in cases(op, ("small",)):
-        paths_taken(emu, op, sample, misaligned=True)
-
-
-def test_both_gather_paths_and_both_sum_modes_are_exercised(host):
+def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
+    """cuda/index.cu itself (warp shuffles, grid-stride loops) on every sample and edge: gathers bit
+    for bit, sums under the error model; its kernels take word and 16-byte gathers, thread and warp
+    sums."""
     seen = set()
-    for op in OPS:
-        for sample in cases(op):
-            seen.update(paths_taken(host, op, sample))
-    assert {m for s, m in seen if s == "capsule_gather_fwd"} == {0, 1}, "word and 16-byte gathers"
-    assert {m for s, m in seen if s in ("capsule_gather_bwd", "capsule_scatter_add_fwd")} == {0, 1}, "thread and warp sums"
+    for sample in cases(op):
+        seen.update(emulated_paths(emu, op, sample, path_of))
+    assert seen == {(f"capsule_{op}_{d}", path) for d in ("fwd", "bwd") for path in (0, 1)}
 
 
-def test_bits_survive_gathers(host):
+@pytest.mark.parametrize("op", OPS)
+def test_unaligned_buffers_take_the_scalar_paths(emu, path_of, op):
+    """Buffers 4 bytes off 16-byte alignment: the gathers must notice and move words one by one;
+    also where only the inputs or only the outputs are off (a 16-byte access off alignment is the
+    emulator's error, as it is a GPU's fault)."""
+    for sample in cases(op, ("small", "medium")):
+        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+            assert symbol in SUMS or path == 0, (sample.case, symbol)
+        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
+            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
+
+
+def test_each_vector_path_falls_back_off_alignment(emu, path_of):
+    """The 16-byte gathers (gather's forward, scatter_add's dsrc) and dbase copy, taken on aligned
+    buffers, move words when the float32 buffers (all of them, the inputs only, the outputs only)
+    are 4 bytes off alignment."""
+    rng = seeded_rng("index", "vectors")
+    index = np.array([5, 0, 0, 3, 2])
+    x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    cases = [("gather", {"x": x(6, 8), "index": index}, "capsule_gather_fwd"),
+             ("scatter_add", {"base": x(6, 8), "index": index, "src": x(5, 8)}, "capsule_scatter_add_bwd")]
+    for op, inputs, gather in cases:
+        sample = dataclasses.replace(get_spec(op).edges()[0], inputs=inputs, params={"axis": 0}, case="vectors")
+        assert {s: path for s, path in emulated_paths(emu, op, sample, path_of) if s not in SUMS} == {gather: 1}, op
+        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+            assert symbol in SUMS or path == 0, (op, symbol)
+        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
+            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], op
+
+
+def test_bits_survive_gathers(emu):
     payloads = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000], np.uint32).view(np.float32)
     x = np.resize(payloads, (3, 6, 8))
     for axis, index in ((1, np.array([5, 0, 0, 3, 2, 1, 4])), (2, np.array([7, 7, 1])), (0, np.array([2, 0]))):
         spec = get_spec("gather")
         arrays, p, _ = validate(spec, {"x": x, "index": index}, {"axis": axis}, np.float32)
-        y = host.run(plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays))["out"]
+        y = emu.run(plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays))["out"]
         assert same_bits(y, np.take(x, index, axis=axis))
         spec = get_spec("scatter_add")
         base = x
         src = np.resize(payloads[::-1], np.take(x, index, axis=axis).shape)
         arrays, p, _ = validate(spec, {"base": base, "index": index, "src": src}, {"axis": axis}, np.float32)
         g = x
-        out = host.run(plans.PLANS["scatter_add"][1](arrays, p), {**plan_inputs(spec, arrays), "g": g})
+        out = emu.run(plans.PLANS["scatter_add"][1](arrays, p), {**plan_inputs(spec, arrays), "g": g})
         got = gradients(spec, out)
         assert same_bits(got["base"], g) and same_bits(got["src"], np.take(g, index, axis=axis))
 
@@ -148,19 +167,16 @@ def test_gather_source_matches_numpy(lib, use32):
         assert got == want.tolist()
 
 
-def test_gather_guards_an_index_out_of_range(lib):
+def test_gather_guards_an_index_out_of_range(emu, lib):
     """Refused on the host first; were one to reach the kernel, it writes NaN and reads nothing."""
     index = i64([0, 5, -1, 2])
     assert lib.host_gather_source(1, 5, 1, 4, index.ctypes.data, 0) == -1
     assert lib.host_gather_source(2, 5, 1, 4, index.ctypes.data, 1) == -1
     x = np.arange(5, dtype=np.float32)
-    for inner_vec in (False, True):
-        xs = np.repeat(x, 4) if inner_vec else x
-        inner = 4 if inner_vec else 1
-        y = prefilled(4 * inner)
-        y[...] = 7.0  # written where the index is good (0 and 2) and where it is not (NaN)
-        lib.host_gather_fwd(xs.ctypes.data, index.ctypes.data, y.ctypes.data, 1, 5, inner, 4)
-        y = y.reshape(4, inner)
+    for inner in (1, 4):  # words and 16-byte vectors
+        xs = np.repeat(x, inner).reshape(5, inner)
+        # every element written (a guarded, sentinel-filled output): NaN where the index is bad
+        y = emu.run(plans.PLANS["gather"][0]({"x": xs, "index": index}, {"axis": 0}), {"x": xs, "index": index})["out"]
         assert np.isnan(y[1:3]).all() and (y[0] == 0).all() and (y[3] == 2).all()
 
 
@@ -187,7 +203,7 @@ def test_segment_clamps_a_corrupt_starts_array(lib):
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])
-def test_thread_sums_reproduce_np_add_at_bit_for_bit(lib, axis):
+def test_thread_sums_reproduce_np_add_at_bit_for_bit(emu, lib, axis):
     """Where a thread sums its segment (j order from +0), the result is np.add.at's own float32
     accumulation, repeats included."""
     rng = seeded_rng("index", f"add-at-{axis}")
@@ -200,28 +216,29 @@ def test_thread_sums_reproduce_np_add_at_bit_for_bit(lib, axis):
         for b in (None, base):
             want = np.zeros(shape, np.float32) if b is None else b.copy()
             np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src, axis, 0))
-            got, mode = segment_sum(lib, src, index, shape, axis, b, block=33)  # partial warps: thread mode
+            got, mode = segment_sum(emu, lib, src, index, shape, axis, b, block=33)  # partial warps: thread mode
             assert mode == 0
             assert same_bits(got, want), (count, b is None)
 
 
 @pytest.mark.parametrize("block", [32, 256, 1024])
-def test_warp_sums_of_long_segments(lib, block):
+def test_warp_sums_of_long_segments(emu, lib, block):
     """One index value repeated many times (a warp per element): within the sum's error bound, and
-    the same bits on every run."""
+    the same bits on every run, whatever the grid."""
     rng = seeded_rng("index", f"warp-{block}")
+    other_grid = family_emulator((7, 1))
     for shape, axis, count in [((7, 5), 1, 1000), ((2, 3, 4), 1, 500), ((4,), 0, 4099)]:
         index = rng.integers(0, min(2, shape[axis]), count)
         src_shape = shape[:axis] + (count,) + shape[axis + 1:]
         src = rng.standard_normal(src_shape).astype(np.float32)
-        got, mode = segment_sum(lib, src, index, shape, axis, block=block)
+        got, mode = segment_sum(emu, lib, src, index, shape, axis, block=block)
         assert mode == 1
         want = np.zeros(shape, np.float64)
         np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src.astype(np.float64), axis, 0))
         magnitude = np.zeros(shape, np.float64)
         np.add.at(np.moveaxis(magnitude, axis, 0), index, np.moveaxis(np.abs(src.astype(np.float64)), axis, 0))
         assert (np.abs(got - want) <= count * 2.0**-24 * magnitude + 1e-30).all()
-        again, _ = segment_sum(lib, src, index, shape, axis, block=block)
+        again, _ = segment_sum(other_grid, lib, src, index, shape, axis, block=block)
         assert same_bits(got, again)
 
 
@@ -231,11 +248,11 @@ def test_python_mirror_of_the_warp_mode_agrees(lib):
         assert bool(lib.host_segment_warp_mode(size, inner, count, block)) == plans.segment_warp_mode(size, inner, count, block)
 
 
-def test_special_values_sum_like_the_reference(lib):
+def test_special_values_sum_like_the_reference(emu, lib):
     """NaN and ±inf among repeated entries: NaN wins, inf + −inf is NaN, −0 alone gives +0 (the zero start)."""
     src = np.array([[np.nan, 1.0, np.inf, -np.inf, np.inf, -0.0, 2.0]], np.float32)
     index = np.array([0, 0, 1, 1, 2, 3, 4])
-    got, _ = segment_sum(lib, src, index, (1, 5), 1, block=33)
+    got, _ = segment_sum(emu, lib, src, index, (1, 5), 1, block=33)
     assert np.isnan(got[0, :2]).all() and got[0, 2] == np.inf
     assert bits(got[0, 3:4])[0] == 0 and got[0, 4] == 2.0
 

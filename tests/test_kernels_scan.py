@@ -1,9 +1,10 @@
 """cuda/scan.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
-points and fits its launches; selective_scan computed on the host with the kernels' step functions
-(cuda/scan.cuh) in the kernels' chunked order meets the error model against the float64
-reference for any chunk count; the spec's test vectors hold exactly; the chunk combine is
-associative; scan.cu itself runs the plans on the CPU emulator (tests/kernel_emu.py), bitwise like
-the host model; the launch plans are legal for every sample."""
+points and fits its launches; the kernels themselves, run on the CPU emulator as the launch plans
+launch them (tests/kernel_emu.py: guard bands, NaN-prefilled outputs, inputs checked intact), meet
+the error model against the float64 reference on every sample and edge and for any chunk count,
+give the spec's test vectors exactly and the same bits for any grid; the chunk algebra of
+cuda/scan.cuh (compiled for the host) composes and associates; the launch plans are legal for every
+sample."""
 
 import ctypes
 import re
@@ -11,14 +12,12 @@ import re
 import numpy as np
 import pytest
 
-from capsule_core import registry
 from capsule_core.kernels import ARCHES, cuda_source_dir
-from capsule_core.launch import plan_functions
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import scan as plans
-from family_checks import (build_problems, cases, check_host_model, cotangent, emulated_problems,
-                           family_ops, missed_faults, plan_case_problems, same_bits, signature_problems, symbols)
+from family_checks import (build_problems, case_plans, cases, compared, cotangent, emulate, family_ops, missed_faults,
+                           plan_case_problems, same_bits, signature_problems, symbols)
 from hostmath import F32P, I64P, declare, f32, load, ptr
 from kernel_emu import emulator as family_emulator
 
@@ -42,7 +41,90 @@ def test_source_spells_out_each_declared_signature():
     assert int(re.search(r"kMaxThreads = (\d+);", SOURCE.read_text())[1]) == plans.MAX_THREADS
 
 
-# -- the per-element math, on the host --------------------------------------------------------------
+# -- the kernels themselves, on the CPU emulator ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    """scan.cu on the emu backend, grids capped at 3 blocks: each block walks several tiles."""
+    return family_emulator(max_grid=(3, 2))
+
+
+def force_chunks(monkeypatch, chunks: int):
+    """Every plan launched on `chunks` chunks of time (blockDim.y), its channel tile narrowed where
+    needed to stay within MAX_THREADS."""
+    tile_shape = plans.tile_shape
+
+    def forced(batch, time, dim):
+        width = max(1, min(tile_shape(batch, time, dim)[1][0], plans.MAX_THREADS // chunks))
+        return (max(1, min(plans.MAX_GRID_BLOCKS, batch * -(-dim // width))), 1, 1), (width, chunks, 1)
+    monkeypatch.setattr(plans, "tile_shape", forced)
+
+
+def check_sample(emulator, sample, label: str = "") -> float:
+    """The forward and backward plans of one sample on the emulator (every output written, nothing
+    outside, inputs intact) against the reference; returns the worst error over its bound."""
+    run = emulate(emulator, OP, sample)
+    result = compared(OP, sample, run.y, run.grads, run.g, label)
+    assert result.problems == [], "\n".join(result.problems)
+    return result.worst
+
+
+def test_kernels_meet_the_contract(emulator):
+    """scan.cu itself, as launched by the plans (blocks of channels by chunks), on every sample and
+    edge, forward and backward."""
+    worst = max(check_sample(emulator, s) for s in cases(OP))
+    assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 7, 64, 256])
+def test_kernels_for_any_chunk_count(emulator, chunks, monkeypatch):
+    """More chunks than steps (empty chunks), uneven chunks, one chunk (the plain recurrence)."""
+    force_chunks(monkeypatch, chunks)
+    for sample in cases(OP, ("small", "medium")):
+        for plan in case_plans(OP, sample):
+            assert plan.launches[0].block[1] == chunks
+        check_sample(emulator, sample, f" chunks={chunks}")
+
+
+def run_plans(runner, arrays, g):
+    """y and the gradients ({"x": dx, ...}) of the plans at cotangent g."""
+    y = runner.run(plans.forward(arrays, {}), arrays)["out"]
+    grads = runner.run(plans.backward(arrays, {}), {**arrays, "out": y, "g": g})
+    return y, {name[1:]: value for name, value in grads.items()}
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 4, 8])
+def test_spec_test_vectors(emulator, chunks, monkeypatch):
+    """The spec's vectors are dyadic: every chunked order gives them exactly."""
+    force_chunks(monkeypatch, chunks)
+    x = f32([[[2, 1], [4, -2], [0, 3]]])
+    shared = {"x": x, "a": f32([0.5, 0.25]), "b": f32([1, 2]), "h0": f32([[1, -1]])}
+    y, d = run_plans(emulator, shared, np.ones((1, 3, 2), np.float32))
+    assert y[0].tolist() == [[2.5, 1.75], [5.25, -3.5625], [2.625, 5.109375]]
+    assert d["a"].tolist() == [10.75, -2.6875] and d["b"].tolist() == [9.5, 1.8125]
+    assert d["x"][0].tolist() == [[1.75, 2.625], [1.5, 2.5], [1, 2]] and d["h0"].tolist() == [[0.875, 0.328125]]
+    token = {"x": x, "a": f32([[[0.5, 0.25], [0.1, 0.75], [-1, 0.2]]]), "b": f32([[[1, 2], [0.5, -1], [0.25, 0.5]]]),
+             "h0": f32([[1, -1]])}
+    y, _ = run_plans(emulator, token, np.ones((1, 3, 2), np.float32))
+    assert np.allclose(y[0], [[2.5, 1.75], [2.25, 3.3125], [-2.25, 2.1625]], rtol=2**-22, atol=0)
+
+
+def test_results_are_bitwise_independent_of_the_grid():
+    """A block walking many tiles computes each as a block of its own would: the same bits for any
+    grid (one fixed order of every sum, whatever the scheduling)."""
+    for sample in cases(OP, ("small", "medium")):
+        arrays, _, out_shape = validate(get_spec(OP), sample.inputs, sample.params, np.float32)
+        g = cotangent(OP, sample.case, out_shape)
+        y, grads = run_plans(family_emulator((3, 2)), arrays, g)
+        for max_grid in ((1, 1), (7, 1)):
+            y_other, grads_other = run_plans(family_emulator(max_grid), arrays, g)
+            assert same_bits(y, y_other), (sample.case, max_grid)
+            for name, value in grads.items():
+                assert same_bits(value, grads_other[name]), (sample.case, name, max_grid)
+
+
+# -- the chunk algebra of scan.cuh, on the host -------------------------------------------------------
 
 I64, I32 = ctypes.c_int64, ctypes.c_int32
 
@@ -50,79 +132,10 @@ I64, I32 = ctypes.c_int64, ctypes.c_int32
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     return declare(load("scan_host", host_build_dir), {
-        "host_selective_scan_fwd": [F32P] * 5 + [I64] * 3 + [I32, I32, I64],
-        "host_selective_scan_bwd": [F32P] * 10 + [I64] * 3 + [I32, I32, I64],
         "host_scan_split": [F32P] * 3 + [I64, I64, ctypes.c_float, F32P],
         "host_scan_associate": [F32P] * 4,
         "host_scan_chunk_range": [I64] * 3 + [I64P, I64P],
     })
-
-
-def plan_chunks(x_shape) -> int:
-    """The chunk count of the plan's launch: blockDim.y."""
-    return plans.tile_shape(*x_shape)[1][1]
-
-
-def host_forward(lib, arrays, chunks=None):
-    x, a, b, h0 = (f32(arrays[k]) for k in ("x", "a", "b", "h0"))
-    batch, time, dim = x.shape
-    y = np.full(x.shape, np.nan, np.float32)
-    lib.host_selective_scan_fwd(ptr(x), ptr(a), ptr(b), ptr(h0), ptr(y), batch, time, dim, int(a.ndim == 3),
-                                int(b.ndim == 3), chunks or plan_chunks(x.shape))
-    return y
-
-
-def host_vjp(lib, arrays, g, chunks=None):
-    x, a, b, h0 = (f32(arrays[k]) for k in ("x", "a", "b", "h0"))
-    batch, time, dim = x.shape
-    chunks = chunks or plan_chunks(x.shape)
-    y = host_forward(lib, arrays, chunks)
-    out = {k: np.full(v.shape, np.nan, np.float32) for k, v in (("x", x), ("a", a), ("b", b), ("h0", h0))}
-    lib.host_selective_scan_bwd(ptr(x), ptr(a), ptr(b), ptr(h0), ptr(y), ptr(f32(g)), ptr(out["x"]), ptr(out["a"]),
-                                ptr(out["b"]), ptr(out["h0"]), batch, time, dim, int(a.ndim == 3), int(b.ndim == 3), chunks)
-    return out
-
-
-def check_forward(lib, sample, chunks=None):
-    return check_host_model(OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, chunks), label=f" chunks={chunks}")
-
-
-def check_vjp(lib, sample, chunks=None):
-    return check_host_model(OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, chunks), label=f" chunks={chunks}")
-
-
-def test_host_forward_meets_the_contract(lib):
-    worst = max(check_forward(lib, s) for s in cases(OP))
-    assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
-
-
-def test_host_vjp_meets_the_contract(lib):
-    worst = max(check_vjp(lib, s) for s in cases(OP))
-    assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
-
-
-@pytest.mark.parametrize("chunks", [1, 3, 7, 64, 256])
-def test_host_math_for_any_chunk_count(lib, chunks):
-    """More chunks than steps (empty chunks), uneven chunks, one chunk (the plain recurrence)."""
-    for sample in cases(OP, ("small", "medium")):
-        check_forward(lib, sample, chunks)
-        check_vjp(lib, sample, chunks)
-
-
-@pytest.mark.parametrize("chunks", [1, 2, 3, 4, 8])
-def test_spec_test_vectors(lib, chunks):
-    """The spec's vectors are dyadic: every chunked order gives them exactly."""
-    x = f32([[[2, 1], [4, -2], [0, 3]]])
-    shared = {"x": x, "a": f32([0.5, 0.25]), "b": f32([1, 2]), "h0": f32([[1, -1]])}
-    y = host_forward(lib, shared, chunks)
-    assert y[0].tolist() == [[2.5, 1.75], [5.25, -3.5625], [2.625, 5.109375]]
-    d = host_vjp(lib, shared, np.ones((1, 3, 2), np.float32), chunks)
-    assert d["a"].tolist() == [10.75, -2.6875] and d["b"].tolist() == [9.5, 1.8125]
-    assert d["x"][0].tolist() == [[1.75, 2.625], [1.5, 2.5], [1, 2]] and d["h0"].tolist() == [[0.875, 0.328125]]
-    token = {"x": x, "a": f32([[[0.5, 0.25], [0.1, 0.75], [-1, 0.2]]]), "b": f32([[[1, 2], [0.5, -1], [0.25, 0.5]]]),
-             "h0": f32([[1, -1]])}
-    y = host_forward(lib, token, chunks)
-    assert np.allclose(y[0], [[2.5, 1.75], [2.25, 3.3125], [-2.25, 2.1625]], rtol=2**-22, atol=0)
 
 
 def test_chunk_combine_is_associative(lib):
@@ -170,43 +183,6 @@ def test_chunks_cover_time_once_in_order(lib):
             lib.host_scan_chunk_range(time, chunks, j, ptr(lo), ptr(hi))
             covered += range(lo[0], hi[0])
         assert covered == list(range(time))
-
-
-# -- the kernels themselves, on the CPU emulator ----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    return family_emulator(max_grid=(3, 2))
-
-
-def emulated_cases(spec):
-    return cases(OP, ("small", "medium"))
-
-
-def test_kernels_on_the_emulator(emulator):
-    """scan.cu itself, as launched by the plans (blocks of channels by chunks): every output
-    written, nothing outside, inputs intact, values within the error model."""
-    spec = get_spec(OP)
-    problems = []
-    for sample in emulated_cases(spec):
-        problems += emulated_problems(emulator, OP, sample)
-    assert problems == []
-
-
-def test_emulated_kernels_follow_the_host_math(emulator, lib):
-    """The emulated kernels and the host harness's chunked model agree bitwise."""
-    spec = get_spec(OP)
-    forward, backward = plan_functions(registry.lookup(OP))
-    for sample in emulated_cases(spec):
-        arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        y = emulator.run(forward(arrays, p), arrays)["out"]
-        assert same_bits(y, host_forward(lib, arrays)), sample.case
-        g = cotangent(OP, sample.case, out_shape)
-        grads = emulator.run(backward(arrays, p), {**arrays, "out": y, "g": g})
-        model = host_vjp(lib, arrays, g)
-        for name in spec.differentiable:
-            assert same_bits(grads[f"d{name}"], model[name]), (name, sample.case)
 
 
 # -- launch plans -----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """cuda/view.cu without a GPU: it compiles cleanly for sm_80 and sm_90 with the registry's entry
-points; its index arithmetic (cuda/view.cuh, compiled for the host) replays every kernel path of
-every launch plan on the host, with guard bands and NaN-prefilled outputs, bit for bit against
-numpy (the sum of broadcast's backward under its error model); and its plans are legal."""
+points; the kernels themselves, run on the CPU emulator as the launch plans launch them (guard
+bands, NaN-prefilled outputs, inputs checked intact, buffers aligned and 4 bytes off), move every
+sample and edge bit for bit as numpy does (the sum of broadcast's backward under its error model)
+and take every path, as view.cuh's own choice on each launch's arguments says; its index
+arithmetic (cuda/view.cuh, compiled for the host) matches numpy; and its plans are legal."""
 
 import ctypes
 import dataclasses
@@ -12,16 +14,15 @@ import pytest
 
 from capsule_core import registry
 from capsule_core.kernels import ARCHES
-from capsule_core.launch import plan_functions, plan_problems
+from capsule_core.launch import Buffer, plan_functions, plan_problems
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import view as plans
-from family_checks import (build_problems, cases, counted_replay, family_ops, family_symbols, gradients, missed_faults,
-                           paths_taken, plan_case_problems, plan_cases, plan_inputs, same_bits, signature_problems,
-                           symbols)
+from family_checks import (build_problems, cases, emulated_paths, emulated_problems, family_ops, family_symbols,
+                           float32_off_16_in, gradients, missed_faults, plan_case_problems, plan_cases, plan_inputs,
+                           same_bits, signature_problems, symbols, with_launch)
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
-from kernel_emu import prefilled
 
 FAMILY = "view"
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")
@@ -49,7 +50,7 @@ def test_reshape_names_no_kernel():
     assert registry.lookup("reshape").symbols == ()
 
 
-# -- running a plan on the host -------------------------------------------------------------------
+# -- the host build of view.cuh, and the path each launch takes ---------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -59,63 +60,114 @@ def lib(host_build_dir):
         "host_view_offset": (i64, [p, p, i32, i64, i32]),
         "host_view_path": (i32, [p, p, i32, i32, i32, i32]),
         "host_tile_count": (i64, [p, p, i32]),
-        "host_view_gather": (i32, [p, p, p, i32, i64, i32]),
-        "host_broadcast_bwd": (i32, [p, p, p, i32, i64, i64, i32]),
-        "host_concat_fwd": (None, [p, p] + [i64] * 5),
-        "host_concat_bwd": (None, [p, p] + [i64] * 5),
-        "host_slice_fwd": (None, [p, p] + [i64] * 5),
-        "host_slice_bwd": (i32, [p, p] + [i64] * 5),
+        "host_broadcast_row_mode": (i32, [p, i32]),
         "host_rows": (None, [i32] + [i64] * 5 + [p]),
-        "host_misaligned_accesses": (i64, []),
+        "host_rows_vec4": (i32, [i32] + [i64] * 5 + [i32, i32]),
+        "host_slice_fill_vec4": (i32, [i64] * 4 + [i32, i32]),
     })
 
 
-HOST_CALLS = {
-    "capsule_permute_fwd": lambda lib, launch, a: lib.host_view_gather(*a, 1),
-    "capsule_permute_bwd": lambda lib, launch, a: lib.host_view_gather(*a, 1),
-    "capsule_broadcast_fwd": lambda lib, launch, a: lib.host_view_gather(*a, 0),
-    "capsule_broadcast_bwd": lambda lib, launch, a: lib.host_broadcast_bwd(*a, launch.block[0]),
-    "capsule_concat_fwd": lambda lib, launch, a: lib.host_concat_fwd(*a),
-    "capsule_concat_bwd": lambda lib, launch, a: lib.host_concat_bwd(*a),
-    "capsule_slice_fwd": lambda lib, launch, a: lib.host_slice_fwd(*a),
-    "capsule_slice_bwd": lambda lib, launch, a: lib.host_slice_bwd(*a),
-}
+ROWS = {"capsule_concat_fwd": 0, "capsule_concat_bwd": 1, "capsule_slice_fwd": 2}
 
 
 @pytest.fixture(scope="module")
-def host(lib):
-    """Plans replayed by the host harness (kernel_emu.HostReplay through DeviceBackend.execute:
-    guard bands, sentinel-filled outputs, every output written, inputs intact; no 16-byte access
-    off alignment)."""
-    return counted_replay(lib, HOST_CALLS)
+def path_of(lib):
+    """The path a launch takes, by view.cuh's own choice on its arguments, its geometry and the
+    alignment of its float32 buffers: permute and broadcast forward a PATH_*, broadcast's backward 1
+    in row mode and 0 in column mode, concat, slice and slice's backward 1 for 16-byte moves."""
+    def path(plan, launch, aligned):
+        a = launch.args
+        if launch.symbol in ROWS:
+            return lib.host_rows_vec4(ROWS[launch.symbol], *a[2:], aligned, aligned)
+        if launch.symbol == "capsule_slice_bwd":
+            return lib.host_slice_fill_vec4(*a[3:], aligned, aligned)
+        geometry, rank = i64(plan.host_data["geometry"]), a[3]
+        assert geometry.size == 2 * rank
+        if launch.symbol == "capsule_broadcast_bwd":
+            return lib.host_broadcast_row_mode(geometry.ctypes.data, rank)
+        tiles = launch.symbol.startswith("capsule_permute")
+        return lib.host_view_path(geometry.ctypes.data, geometry[rank:].ctypes.data, rank, aligned, aligned, tiles)
+    return path
 
 
 @pytest.fixture(scope="module")
 def emu():
     """cuda/view.cu itself on the CPU emulator (every thread a fiber, real barriers and shuffles,
-    grids capped at 4 blocks so that the grid-stride loops turn)."""
+    grids capped at 4 blocks so that the grid-stride loops turn): guard bands, sentinel-filled
+    outputs, every output written, inputs intact, a 16-byte access off alignment an error (as on a
+    GPU)."""
     return family_emulator()
 
 
-# -- every sample and edge, replayed on the host ------------------------------------------------------
+def sample_of(op, inputs, params, case):
+    return dataclasses.replace(get_spec(op).edges()[0], inputs=inputs, params=params, case=case)
+
+
+# -- every sample and edge on the emulator ------------------------------------------------------------
+
+
+SCALAR, COPY4, FILL4, TILE = plans.PATH_SCALAR, plans.PATH_COPY4, plans.PATH_FILL4, plans.PATH_TILE
+PATHS = {
+    "reshape": set(),
+    "permute": {(f"capsule_permute_{d}", p) for d in ("fwd", "bwd") for p in (SCALAR, COPY4, TILE)},
+    "broadcast": {("capsule_broadcast_fwd", p) for p in (SCALAR, COPY4, FILL4)} | {("capsule_broadcast_bwd", 0),
+                                                                                   ("capsule_broadcast_bwd", 1)},
+    "concat": {(f"capsule_concat_{d}", p) for d in ("fwd", "bwd") for p in (0, 1)},
+    "slice": {(f"capsule_slice_{d}", p) for d in ("fwd", "bwd") for p in (0, 1)},
+}
+"""Every path of every kernel (gathers: a PATH_*; broadcast's backward: 1 in row mode, 0 in column
+mode; concat and slice: 1 for 16-byte moves): all taken by the samples and edges of their op."""
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_plans_replayed_on_the_host_meet_the_contract(host, op):
-    spec = get_spec(op)
-    for sample in cases(op):
-        paths_taken(host, spec.name, sample)
+def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
+    """cuda/view.cu itself (shared-memory tiles, barriers, warp shuffles, grid-stride loops) on
+    every sample and edge, bit for bit against numpy (broadcast's backward sum under its error
+    model), taking every path of its kernels (broadcast's forward repeating its last axis too)."""
+    samples = cases(op)
+    if op == "broadcast":
+        samples.append(sample_of(op, {"x": np.arange(5, dtype=np.float32).reshape(5, 1)}, {"shape": (3, 5, 64)},
+                                 "repeat-last-axis"))
+    seen = set()
+    for sample in samples:
+        seen.update(emulated_paths(emu, op, sample, path_of))
+    assert seen == PATHS[op]
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_unaligned_buffers_take_the_scalar_paths(host, op):
-    """Buffers 4 bytes off 16-byte alignment: the kernels must notice and move words one by one."""
-    spec = get_spec(op)
+def test_unaligned_buffers_take_the_scalar_paths(emu, path_of, op):
+    """Buffers 4 bytes off 16-byte alignment: the kernels must notice and move words one by one;
+    also where only the inputs or only the outputs are off (a 16-byte access off alignment is the
+    emulator's error, as it is a GPU's fault)."""
     for sample in cases(op, ("small", "medium")):
-        paths_taken(host, spec.name, sample, misaligned=True)
+        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+            if symbol != "capsule_broadcast_bwd":
+                assert path in (SCALAR, TILE), (sample.case, symbol, path)
+        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
+            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
 
 
-def test_row_starts_off_16_bytes_take_word_moves(host):
+def test_each_vector_path_falls_back_off_alignment(emu, path_of):
+    """Each 16-byte path, taken on aligned buffers, moves words when the float32 buffers (all of
+    them, the inputs only, the outputs only) are 4 bytes off alignment."""
+    rng = seeded_rng("view", "vectors")
+    x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    cases = [("permute", {"x": x(4, 8, 8)}, {"perm": (1, 0, 2)}, [COPY4, COPY4]),
+             ("broadcast", {"x": x(3, 1, 8)}, {"shape": (3, 4, 8)}, [COPY4, 0]),
+             ("broadcast", {"x": x(5, 1)}, {"shape": (3, 5, 8)}, [FILL4, 1]),
+             ("concat", {"xs": (x(2, 4), x(2, 8))}, {"axis": 1}, [1, 1, 1, 1]),
+             ("slice", {"x": x(3, 12)}, {"axis": 1, "start": 4, "length": 4}, [1, 1])]
+    for op, inputs, params, vectors in cases:
+        sample = sample_of(op, inputs, params, "vectors")
+        assert [path for _, path in emulated_paths(emu, op, sample, path_of)] == vectors, (op, params)
+        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+            if symbol != "capsule_broadcast_bwd":
+                assert path == SCALAR, (op, params, symbol)
+        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
+            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], (op, params)
+
+
+def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
     """Rows of a multiple of 4 elements whose starts are not (inner = 2, odd offsets): no vector move."""
     rng = seeded_rng("view", "odd-starts")
     x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
@@ -126,40 +178,12 @@ def test_row_starts_off_16_bytes_take_word_moves(host):
              ("permute", {"x": x(4, 2, 6)}, {"perm": (1, 0, 2)}),
              ("broadcast", {"x": x(3, 1, 2)}, {"shape": (3, 2, 2)})]
     for op, inputs, params in cases:
-        spec = get_spec(op)
-        paths_taken(host, spec.name, dataclasses.replace(spec.edges()[0], inputs=inputs, params=params, case="odd-starts"))
+        paths = emulated_paths(emu, op, sample_of(op, inputs, params, "odd-starts"), path_of)
+        assert all(path == 0 for symbol, path in paths if symbol != "capsule_broadcast_bwd"), (op, paths)
 
 
-def test_every_kernel_path_is_exercised(host):
-    seen = set()
-    for op in ("permute", "broadcast"):
-        spec = get_spec(op)
-        for sample in cases(op):
-            seen.update(paths_taken(host, spec.name, sample))
-    repeat_last = {"x": np.arange(5, dtype=np.float32).reshape(5, 1)}, {"shape": (3, 5, 64)}
-    seen.update(paths_taken(host, "broadcast", dataclasses.replace(
-        spec.edges()[0], inputs=repeat_last[0], params=repeat_last[1], case="repeat-last-axis")))
-    gathers = {path for symbol, path in seen if symbol != "capsule_broadcast_bwd"}
-    assert gathers == {plans.PATH_SCALAR, plans.PATH_COPY4, plans.PATH_FILL4, plans.PATH_TILE}
-    modes = {mode for symbol, mode in seen if symbol == "capsule_broadcast_bwd"}
-    assert modes == {0, 1}, "broadcast's backward ran in both column and row mode"
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_kernels_run_unchanged_on_the_emulator(emu, op):
-    """cuda/view.cu itself (shared-memory tiles, barriers, warp shuffles, grid-stride loops) on
-    every sample and edge, then 4 bytes off alignment."""
-    spec = get_spec(op)
-    for sample in cases(op):
-        paths_taken(emu, spec.name, sample)
-    for sample in cases(op, ("small",)):
-        paths_taken(emu, spec.name, sample, misaligned=True)
-
-
-@pytest.mark.parametrize("via", ["host", "emulator"])
-def test_bits_survive_every_view(host, emu, via):
+def test_bits_survive_every_view(emu):
     """NaN payloads (quiet and signalling), −0 and subnormals move as bits, forward and back."""
-    runner = emu if via == "emulator" else host
     x = np.resize(PAYLOADS, (4, 6, 8))
     cases = [("permute", {"x": x}, {"perm": (2, 0, 1)}), ("permute", {"x": x}, {"perm": (1, 0, 2)}),
              ("broadcast", {"x": x[:1]}, {"shape": (3, 4, 6, 8)}), ("broadcast", {"x": x[..., :1]}, {"shape": (4, 6, 8)}),
@@ -169,11 +193,11 @@ def test_bits_survive_every_view(host, emu, via):
         spec = get_spec(op)
         fwd, bwd = plan_functions(registry.lookup(op))
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
-        y = runner.run(fwd(arrays, p), plan_inputs(spec, arrays))["out"]
+        y = emu.run(fwd(arrays, p), plan_inputs(spec, arrays))["out"]
         assert same_bits(y, spec.forward(arrays, p)), op
         if op != "broadcast":  # its backward adds
             g = np.resize(PAYLOADS[::-1], out_shape)
-            got = gradients(spec, runner.run(bwd(arrays, p), {**plan_inputs(spec, arrays), "g": g}))
+            got = gradients(spec, emu.run(bwd(arrays, p), {**plan_inputs(spec, arrays), "g": g}))
             want = spec.vjp(arrays, p, y, g)
             for name in spec.differentiable:
                 pairs = zip(got[name], want[name]) if isinstance(want[name], tuple) else [(got[name], want[name])]
@@ -230,21 +254,20 @@ def test_python_mirrors_of_the_kernel_choices_agree(lib):
                 assert lib.host_tile_count(sh.ctypes.data, st.ctypes.data, rank) == plans.tile_count(shape, stride)
 
 
-def run_geometry(lib, x, shape, stride, tiles):
-    """host_view_gather on a raw geometry (not simplified): y of `shape`."""
-    n = int(np.prod(shape, dtype=np.int64))
+def with_geometry(plan, shape, stride):
+    """A permute or broadcast forward plan launching its kernel on another geometry (not simplified)."""
     geometry = i64(list(shape) + list(stride))
-    y = prefilled(n)
-    xs = np.ascontiguousarray(x, np.float32)
-    path = lib.host_view_gather(xs.ctypes.data, y.ctypes.data, geometry.ctypes.data, len(shape), n, tiles)
-    return y.reshape(shape), path
+    buffers = tuple(Buffer("geometry", "meta", "int64", geometry.size) if b.name == "geometry" else b for b in plan.buffers)
+    plan = dataclasses.replace(plan, buffers=buffers, host_data={**plan.host_data, "geometry": geometry})
+    (launch,) = plan.launches
+    return with_launch(plan, args=(*launch.args[:3], len(shape), launch.args[4]))
 
 
-def test_permute_every_rank_and_permutation_kind(lib, host):
-    """Ranks 0 to 8, size-1 and empty axes, random permutations: plan and kernel paths against
+def test_permute_every_rank_and_permutation_kind(emu, path_of):
+    """Ranks 0 to 8, size-1 and empty axes, random permutations: plans and kernels against
     np.transpose; the unsimplified geometry too (the kernels must not depend on the simplification)."""
     rng = seeded_rng("view", "permute-ranks")
-    spec = get_spec("permute")
+    forward = plans.PLANS["permute"][0]
     for rank in range(9):
         for trial in range(12):
             shape = tuple(int(d) for d in rng.integers(1, 6 if rank < 6 else 3, rank))
@@ -253,24 +276,21 @@ def test_permute_every_rank_and_permutation_kind(lib, host):
             perm = tuple(int(a) for a in rng.permutation(rank))
             x = rng.standard_normal(shape).astype(np.float32)
             want = np.transpose(x, perm)
-            sample = dataclasses.replace(spec.edges()[0], inputs={"x": x}, params={"perm": perm}, case=f"rank{rank}-{trial}")
-            paths_taken(host, spec.name, sample)
+            emulated_paths(emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, f"rank{rank}-{trial}"), path_of)
             if x.size:
                 strides = plans._strides(shape)
-                y, _ = run_geometry(lib, x, [shape[a] for a in perm], [strides[a] for a in perm], 1)
-                assert same_bits(y, want), (shape, perm)
+                raw = with_geometry(forward({"x": x}, {"perm": perm}), [shape[a] for a in perm], [strides[a] for a in perm])
+                assert same_bits(emu.run(raw, {"x": x})["out"], want), (shape, perm)
 
 
 @pytest.mark.parametrize("shape, perm", [((70, 5), (1, 0)), ((5, 70), (1, 0)), ((3, 33, 65), (0, 2, 1)),
                                          ((2, 1000), (1, 0)), ((1000, 3), (1, 0)), ((33, 2, 31, 3), (3, 1, 2, 0)),
                                          ((4, 64, 64), (2, 1, 0)), ((7, 1, 9), (2, 1, 0)), ((37, 41), (1, 0))])
-def test_permute_tiles_partial_and_batched(lib, shape, perm):
+def test_permute_tiles_partial_and_batched(emu, path_of, shape, perm):
     """Tiles that overhang both axes, last axes narrower than 32 (TB < 32), batched transposes."""
     x = seeded_rng("view", f"tiles{shape}").standard_normal(shape).astype(np.float32)
-    geo_shape, geo_stride = plans.permute_geometry(shape, perm)
-    y, path = run_geometry(lib, x, geo_shape, geo_stride, 1)
-    assert path == plans.PATH_TILE
-    assert same_bits(y.reshape(-1), np.transpose(x, perm).reshape(-1))
+    paths = emulated_paths(emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, "tiles"), path_of)
+    assert paths[0] == ("capsule_permute_fwd", TILE)
 
 
 def test_geometry_simplification():
@@ -287,29 +307,29 @@ def test_geometry_simplification():
 
 
 @pytest.mark.parametrize("block", [32, 64, 256, 512, 17, 1])
-def test_broadcast_backward_sums_for_any_block(lib, block):
+def test_broadcast_backward_sums_for_any_block(emu, lib, block):
     """Both modes with whole and partial warps: within the error model of a sum of `copies` terms,
     exact for one copy, +0 for none."""
     rng = seeded_rng("view", f"bcast-bwd-{block}")
+    spec = get_spec("broadcast")
     cases = [((1, 1531), (64, 1531)), ((3, 1), (3, 1000)), ((16, 1, 33), (8, 16, 31, 33)), ((), (3, 37)),
              ((1, 3), (4099, 3)), ((2, 1), (5, 3, 2, 7)), ((3, 37), (3, 37)), ((1, 3), (0, 3)), ((5,), (5,))]
     for x_shape, target in cases:
         g = rng.standard_normal(target).astype(np.float32)
-        shape, stride = plans.broadcast_geometry(x_shape, target)
-        n_x, copies = int(np.prod(x_shape, dtype=np.int64)), plans.copies(x_shape, target)
-        geometry = i64(shape + stride)
-        dx = prefilled(n_x)
-        mode = lib.host_broadcast_bwd(np.ascontiguousarray(g).ctypes.data, dx.ctypes.data, geometry.ctypes.data,
-                                      len(shape), n_x, copies, block)
-        assert mode == (stride[-1] == 0)
+        arrays, p, _ = validate(spec, {"x": np.zeros(x_shape, np.float32)}, {"shape": target}, np.float32)
+        plan = with_launch(plans.PLANS["broadcast"][1](arrays, p), block=(block, 1, 1))
+        geometry, rank = i64(plan.host_data["geometry"]), plan.launches[0].args[3]
+        assert lib.host_broadcast_row_mode(geometry.ctypes.data, rank) == (geometry[-1] == 0)
+        dx = emu.run(plan, {"g": g})["dx"]
+        copies = plans.copies(x_shape, target)
         lead = len(target) - len(x_shape)
         axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x_shape) if d == 1 and target[lead + i] != 1)
         want = g.astype(np.float64).sum(axis=axes).reshape(x_shape)
-        got = dx.reshape(x_shape).astype(np.float64)
+        got = dx.astype(np.float64)
         bound = copies * 2.0**-24 * np.abs(g).astype(np.float64).sum(axis=axes).reshape(x_shape) * 1.01
         assert (np.abs(got - want) <= bound).all(), (x_shape, target)
         if copies <= 1:
-            assert same_bits(dx.reshape(x_shape), want.astype(np.float32)), (x_shape, target)
+            assert same_bits(dx, want.astype(np.float32)), (x_shape, target)
 
 
 def test_row_copies_of_concat_and_slice(lib):
@@ -322,15 +342,18 @@ def test_row_copies_of_concat_and_slice(lib):
     assert out.tolist() == [5, 21, 14, 70, 0, 21]
 
 
-def test_slice_backward_vector_and_scalar_paths(lib):
+def test_slice_backward_vector_and_scalar_paths(emu, path_of):
+    spec = get_spec("slice")
     for (outer, size, inner, start, length), vec in [((3, 8, 4, 2, 5), 1), ((3, 8, 1, 2, 5), 0), ((2, 9, 4, 0, 9), 1),
                                                        ((2, 9, 4, 9, 0), 1), ((1, 5, 3, 1, 3), 0)]:
         g = seeded_rng("view", "slice-bwd").standard_normal((outer, length, inner)).astype(np.float32)
-        dx = prefilled(outer * size * inner)
-        assert lib.host_slice_bwd(g.ctypes.data, dx.ctypes.data, outer, size, inner, start, length) == vec
+        arrays, p, _ = validate(spec, {"x": np.zeros((outer, size, inner), np.float32)},
+                                {"axis": 1, "start": start, "length": length}, np.float32)
+        plan = plans.PLANS["slice"][1](arrays, p)
+        assert path_of(plan, plan.launches[0], True) == vec
         want = np.zeros((outer, size, inner), np.float32)
         want[:, start:start + length] = g
-        assert same_bits(dx, want.reshape(-1))
+        assert same_bits(emu.run(plan, {"g": g})["dx"], want)
 
 
 # -- plans ----------------------------------------------------------------------------------------------
@@ -355,7 +378,7 @@ def test_every_kernel_is_launched():
     assert launched == set(SYMBOLS)
 
 
-def test_reshape_plans_alias_their_input(lib):
+def test_reshape_plans_alias_their_input():
     spec = get_spec("reshape")
     for sample in cases("reshape"):
         arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
