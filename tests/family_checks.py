@@ -398,37 +398,12 @@ def emulated_problems(runner, op: str, sample, misalign=None, exact_bits: bool =
     return problems
 
 
-# -- host replays through harnesses that count misaligned 16-byte accesses (view, index) -------------
+# -- misaligned buffers ----------------------------------------------------------------------------
 
 def float32_off_16(buffer) -> int:
     """A misalignment: every float32 buffer 4 bytes off 16-byte alignment (int64 metadata stays
     aligned)."""
     return int(buffer.dtype == "float32")
-
-
-def counted_replay(lib, calls: dict):
-    """A kernel_emu.HostReplay calling calls[symbol](lib, launch, args), the launch's arguments
-    as Python numbers (device addresses for buffers), through a harness built on
-    tests/host/replay.h: no 16-byte access may be off alignment (on the GPU it would fault)."""
-    from kernel_emu import HostReplay
-
-    def call(launch):
-        returned = calls[launch.symbol](lib, launch, list(launch.args))
-        assert lib.host_misaligned_accesses() == 0, f"{launch.symbol}: a 16-byte access off alignment"
-        return returned
-    return HostReplay(call)
-
-
-def paths_taken(runner, op: str, sample, misaligned: bool = False) -> list:
-    """emulated_problems (exact results bit for bit) asserted empty, float32 buffers 4 bytes off
-    16-byte alignment if `misaligned`; returns (symbol, what the harness returned for each launch:
-    the path or mode the kernel took) for a HostReplay, nothing for the emulator."""
-    from kernel_emu import HostReplay
-
-    replayed = runner.returned if isinstance(runner, HostReplay) else []
-    replayed.clear()
-    assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
-    return list(replayed)
 
 
 # -- the kernels' paths, learned from their launches (view, index) ---------------------------------------
