@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .backends.device import DeviceBackend
+from .launch import parse_param
 from .backends.emu import HOST_FLAGS, EmuBackend, KernelFault, argument_words, build_family, find_host_compiler
 from .errors import CapsuleError, EnvironmentMissing
 
@@ -177,8 +178,11 @@ class SanitizedBackend(DeviceBackend):
             raise ValueError("one plan, one kernel family")
         self._family = family
         words = []
-        for a, w in zip(args, argument_words(args)):
-            if isinstance(a, np.uintp):
+        # by the declared parameter, not the value's type: a uint64_t scalar (an RNG key) is an
+        # np.uint64 just as a device address is
+        pointers = [parse_param(p).pointer for p in ref.params]
+        for a, w, pointer in zip(args, argument_words(args), pointers):
+            if pointer:
                 ident, offset = divmod(int(a), self._SPAN)
                 words.append(f"b{ident}+{offset}")
             else:

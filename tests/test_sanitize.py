@@ -126,6 +126,18 @@ def fake_compute_sanitizer(folder: Path, output: str, code: int) -> None:
     script.chmod(0o755)
 
 
+def test_a_uint64_scalar_is_recorded_as_a_value_not_a_buffer():
+    """An RNG key is an np.uint64 like a device address; the declared parameter decides (a key
+    read as a buffer id once made every random capsule's runner abort)."""
+    backend = sanitize.SanitizedBackend("memcheck")
+    out = backend.allocate(28)
+    ref = NativeSymbolRef("cuda/random.cu", "capsule_planted_fill", ("float* y", "uint64_t key", "int64_t n"))
+    key = SCALAR_TYPES["uint64_t"](8525894732446514792)
+    backend.launch(ref, (1, 1, 1), (32, 1, 1), 0, [np.uintp(out), key, SCALAR_TYPES["int64_t"](7)])
+    words = backend._launches[-1][-1]
+    assert words == [f"b{out // backend._SPAN}+0", "8525894732446514792", "7"]
+
+
 def test_compute_sanitizer_missing_is_a_skip_with_its_reason(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     outcome = sanitize.compute_sanitizer("memcheck", "relu", 0, True, None)
