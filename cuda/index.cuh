@@ -1,6 +1,6 @@
 // Index arithmetic of the index kernels (cuda/index.cu): gather and scatter_add along one axis, seen
 // as (outer, size, inner) for the indexed array and (outer, count, inner) for the gathered one.
-// Every function here is __host__ __device__: tests/host/index_host.cu runs them on the host.
+// Every function here is __host__ __device__: tests/host/index_host.cu checks them on the host.
 //
 // Repeated indices accumulate without atomics: the plan sorts the index on the host (a stable argsort,
 // "order", and CSR row starts, "starts", of length size + 1), so the entries j with index[j] = s are

@@ -1,5 +1,5 @@
 // Index arithmetic of the shape and layout kernels (cuda/view.cu): permute, broadcast, concat, slice.
-// Every function here is __host__ __device__: tests/host/view_host.cu runs the kernels' own paths on
+// Every function here is __host__ __device__: tests/host/view_host.cu checks the index arithmetic on
 // the host. Values move as 32-bit words (uint32_t), never as floats, so −0 and NaN payloads survive.
 #pragma once
 
@@ -21,18 +21,14 @@
 #define CAPSULE_TILE_ELEMS 1024   // elements per tile (TA · TB)
 #define CAPSULE_TILE_SLOTS 2048   // shared words per tile: TA rows of TB + 1 (padding against bank conflicts)
 
-// capsule::aligned16 under the name the view and index kernels and their host harnesses use.
+// capsule::aligned16 under the name the view and index kernels use.
 CAPSULE_HD bool capsule_aligned16(const void* p) { return capsule::aligned16(p); }
 
-// Moves of four 32-bit words; on the device one 16-byte load and store (both addresses 16-byte aligned:
-// the host harness defines CAPSULE_HOST_CHECK_ALIGNED to count any vector access that would fault).
+// Moves of four 32-bit words; on the device one 16-byte load and store (both addresses 16-byte aligned).
 CAPSULE_HD void capsule_move4(const uint32_t* src, uint32_t* dst) {
 #if defined(__CUDA_ARCH__)
     *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 #else
-#if defined(CAPSULE_HOST_CHECK_ALIGNED)
-    CAPSULE_HOST_CHECK_ALIGNED(src, dst);
-#endif
     for (int q = 0; q < 4; ++q) dst[q] = src[q];
 #endif
 }
@@ -41,9 +37,6 @@ CAPSULE_HD void capsule_fill4(uint32_t v, uint32_t* dst) {
 #if defined(__CUDA_ARCH__)
     *reinterpret_cast<uint4*>(dst) = make_uint4(v, v, v, v);
 #else
-#if defined(CAPSULE_HOST_CHECK_ALIGNED)
-    CAPSULE_HOST_CHECK_ALIGNED(dst, dst);
-#endif
     for (int q = 0; q < 4; ++q) dst[q] = v;
 #endif
 }
