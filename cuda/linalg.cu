@@ -1,8 +1,8 @@
-// The linalg family: matmul and linear through one SGEMM core (linalg.cuh: shared-memory k-tiles,
-// double-buffered, register micro-tiles, 16-byte loads where legal), split-K for few tiles (partial
-// tiles into a workspace, then a second launch adds them in split order), linear's forward for
-// few rows as a GEMV, mse_loss as a deterministic two-pass reduction, linear's bias gradient as
-// column sums over row chunks. No atomics.
+// The linalg family: matmul and linear through one SGEMM core (linalg.cuh: k-tiles copied by
+// cp.async into a three-stage shared-memory ring, register micro-tiles, 16-byte accesses where
+// legal), split-K for few tiles (partial tiles into a workspace, then a second launch adds them in
+// split order), linear's forward for few rows as a GEMV, mse_loss as a deterministic two-pass
+// reduction, linear's bias gradient as column sums over row chunks. No atomics.
 #include <cstdint>
 
 #include "common.cuh"
@@ -20,9 +20,8 @@ constexpr int GEMM_SMEM_FLOATS =
 template <class T, class Map, class Epi>
 __device__ __forceinline__ void gemm_tiles(const Gemm& g, float* smem, const Epi& epi) {
     const int64_t tiles = g.batch * cdiv(g.m, T::BM) * cdiv(g.n, T::BN);
-    GemmRegs<T, Map::AT, Map::BT> regs[1];
     for (int64_t t = blockIdx.x; t < tiles * g.splits; t += gridDim.x) {
-        gemm_tile<T, Map::AT, Map::BT>(DeviceThreads{}, g, t, smem, regs, epi);
+        gemm_tile<T, Map::AT, Map::BT>(g, t, smem, epi);
     }
 }
 
@@ -35,6 +34,7 @@ __device__ __forceinline__ void gemm(Gemm g, float* partial, int64_t splits, con
     if (blockDim.y != 1 || blockDim.z != 1 || splits < 1) __trap();
     g.partial = partial;
     g.splits = splits;
+    begin_async();
     if (blockDim.x == BigTile::THREADS) {
         gemm_tiles<BigTile, Map>(g, smem, epi);
     } else if (blockDim.x == SmallTile::THREADS) {

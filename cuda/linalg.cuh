@@ -1,18 +1,21 @@
-// The linalg family's per-thread code (spec "Linear algebra and losses"), __host__ __device__ so
-// that the tests run it on the host: the SGEMM core behind matmul and linear, mse_loss's terms and
+// The linalg family's per-thread code (spec "Linear algebra and losses"), __host__ __device__
+// where the tests run it on the host: the SGEMM core behind matmul and linear, mse_loss's terms and
 // reduction steps, and linear's bias gradient (column sums). Plain float32 FMA, no tensor cores.
 //
 // SGEMM core: C = op(A)·op(B) per batch entry, C (m×n) row-major, contraction length k.
-// A block computes one BM×BN tile of C: each k-tile of BK = 8 is staged in shared memory, k-major
-// (as[p][i], bs[p][j]), double-buffered (the global loads of k-tile t+1 are in flight while
-// tile t is multiplied); each thread keeps a TM×TN micro-tile of accumulators in registers and
-// reads its A and B fragments as 16-byte shared loads. Elements beyond m, n or k load as zeros,
-// so the inner product loop has no bounds tests. Every output is a sequential FMA chain over
-// p = 0, 1, ..., k-1 (then zero terms): deterministic, and the same bits for any grid and either
-// tile shape. Split-K: a block may take one of `splits` ranges of whole k-tiles instead (its FMA
-// chain runs over that range only) and write its partial tile to a workspace; a second launch
-// adds the partials in split order (split_sum). The bits then depend on the split count, which
-// the plan derives from the shape alone, never on the grid.
+// A block computes one BM×BN tile of C: k-tiles of BK = 16 are copied into shared memory by
+// cp.async (16-byte copies where the layout allows, element by element where an operand is
+// k-contiguous and must be transposed), k-major, in a ring of three stages: the copies of k-tiles
+// t + 1 and t + 2 are in flight while tile t is multiplied, one barrier per k-tile. Each thread
+// keeps a TM×TN micro-tile of accumulators in registers and reads its A and B fragments as
+// 16-byte shared loads, those of step p + 1 while the FMAs of step p run. Elements beyond m, n or
+// k are copied as zeros, so the inner product loop has no bounds tests. Every output is a
+// sequential FMA chain over p = 0, 1, ..., k-1 (then zero terms): deterministic, and the same
+// bits for any grid and either tile shape. Split-K: a block may take one of `splits` ranges of
+// whole SPLIT_STEPs of k instead (its FMA chain runs over that range only) and write its partial
+// tile to a workspace; a second launch adds the partials in split order (split_sum). The bits
+// then depend on the split count, which the plan derives from the shape alone, never on the grid.
+// The main loop needs barriers and cp.async: kernel code only (the CPU emulator included).
 //
 // GEMV (linear's forward for at most 16 rows): w is stored out×in, so each output column's
 // weights are contiguous along k. A warp takes a few columns (GemvTile) and one of k_warps
@@ -83,25 +86,22 @@ CAPSULE_HD void st4(float* p, const float v[4]) {
 // A block tile of BM×BN outputs, TM×TN per thread. Threads are laid out 8 (x) × 4 (y) per warp,
 // so a warp's A fragments span 4 float4 and its B fragments 8 float4 (one shared-memory
 // wavefront each). A thread's rows are 4-row groups TY·4 apart, its columns 4-column groups
-// TX·4 apart (tile_row, tile_col). Shared rows are padded by 4 floats: the transposing stores
-// of k-contiguous operands then hit distinct banks, and rows stay 16-byte aligned. UNROLL: how
-// many k-steps of the multiply are unrolled (an 8×8 micro-tile keeps its fragments to one step
-// so that 256 threads fit 128 registers, two blocks per multiprocessor, without spilling).
-template <int BM_, int BN_, int TM_, int TN_, int UNROLL_>
+// TX·4 apart (tile_row, tile_col). A stage holds one k-tile of both operands, k-major and
+// unpadded (as[p·BM + i], bs[p·BN + j]); STAGES of them form the ring the copies run ahead in.
+template <int BM_, int BN_, int TM_, int TN_>
 struct GemmTile {
-    static constexpr int BM = BM_, BN = BN_, BK = 8, TM = TM_, TN = TN_, UNROLL = UNROLL_;
+    static constexpr int BM = BM_, BN = BN_, BK = 16, STAGES = 3, TM = TM_, TN = TN_;
     static constexpr int TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
-    static constexpr int LDA = BM + 4, LDB = BN + 4;
-    static constexpr int A_STAGE = BK * LDA, B_STAGE = BK * LDB;
-    static constexpr int SMEM_FLOATS = 2 * (A_STAGE + B_STAGE);
-    static constexpr int A_CHUNKS = BM * BK / 4 / THREADS, B_CHUNKS = BN * BK / 4 / THREADS;
+    static constexpr int A_STAGE = BK * BM, STAGE = BK * (BM + BN);
+    static constexpr int SMEM_FLOATS = STAGES * STAGE;
     static_assert(TM % 4 == 0 && TN % 4 == 0 && TX % 8 == 0 && TY % 4 == 0, "whole 8x4 warps, 4-wide fragments");
-    static_assert(A_CHUNKS >= 1 && A_CHUNKS * THREADS * 4 == BM * BK, "A k-tile splits into whole float4 chunks");
-    static_assert(B_CHUNKS >= 1 && B_CHUNKS * THREADS * 4 == BN * BK, "B k-tile splits into whole float4 chunks");
+    static_assert(THREADS % BM == 0 && THREADS % BN == 0 && BM % 32 == 0 && BN % 32 == 0,
+                  "k-contiguous copies: a warp takes 32 consecutive rows, the block whole slices of k");
+    static_assert(BK * BM % (4 * THREADS) == 0 && BK * BN % (4 * THREADS) == 0, "16-byte copies cover the k-tile");
 };
 
-using BigTile = GemmTile<128, 128, 8, 8, 1>;   // 256 threads: large problems
-using SmallTile = GemmTile<64, 64, 8, 4, 8>;   // 128 threads: four times the blocks, for small grids
+using BigTile = GemmTile<128, 128, 8, 8>;  // 256 threads: large problems
+using SmallTile = GemmTile<64, 64, 8, 4>;  // 128 threads: four times the blocks, for small grids
 
 template <class T>
 CAPSULE_HD int thread_x(int tid) { return ((tid >> 5) % (T::TX / 8)) * 8 + (tid & 7); }
@@ -197,8 +197,9 @@ struct AddBias {
     CAPSULE_HD AddBias without_bias() const { return AddBias{nullptr}; }
 };
 
-// One operand of a tile: its base (this batch entry), leading dimension, free extent (m for A,
-// n for B) and whether 16-byte loads are legal (aligned base, leading dimension a multiple of 4).
+// One operand of a tile: its base (this batch entry, from the split's first k on), leading
+// dimension, free extent (m for A, n for B) and whether 16-byte copies are legal (aligned base,
+// leading dimension a multiple of 4).
 struct Operand {
     const float* p;
     int64_t ld, ext;
@@ -207,135 +208,6 @@ struct Operand {
 
 CAPSULE_HD Operand operand(const float* base, int64_t ld, int64_t ext) {
     return Operand{base, ld, ext, aligned16(base) && ld % 4 == 0};
-}
-
-// A thread's chunk q (of BK·E/4) of every k-tile: 4 consecutive elements along the operand's
-// contiguous axis. K-contiguous operands (A, or B stored transposed) hold element (e, p) at
-// p[e·ld + p] and the chunk runs along p; the others hold it at p[p·ld + e] and the chunk runs
-// along e. Set up once per tile (what does not change along k), then advanced k-tile by k-tile.
-template <int E, int BK, bool KCONTIG>
-struct Chunk {
-    const float* src;  // the chunk's first element in the current k-tile
-    int kpos;          // its offset along k within a k-tile
-    int live;          // K-contiguous: 1 when its row e is inside; otherwise bit x: e + x inside
-    bool vec;          // 16-byte loads legal once the k-tile covers the chunk
-
-    CAPSULE_HD void init(const Operand& op, int64_t e0, int q) {
-        if (KCONTIG) {
-            const int64_t e = e0 + q / (BK / 4);
-            kpos = (q % (BK / 4)) * 4;
-            live = e < op.ext ? 1 : 0;
-            src = op.p + (live ? e * op.ld + kpos : 0);
-            vec = op.vec && live;
-        } else {
-            const int64_t e = e0 + (q % (E / 4)) * 4;
-            kpos = q / (E / 4);
-            live = 0;
-            for (int x = 0; x < 4; ++x) live |= (e + x < op.ext ? 1 : 0) << x;
-            src = op.p + (live ? kpos * op.ld + e : 0);
-            vec = op.vec && live == 15;
-        }
-    }
-
-    // The chunk of a k-tile holding kl ≥ 1 elements along k (BK but in the last k-tile).
-    CAPSULE_HD void load(int kl, float v[4]) const {
-        if (KCONTIG) {
-            if (vec && kpos + 4 <= kl) {
-                ldg4(src, v);
-            } else {
-                for (int x = 0; x < 4; ++x) v[x] = live && kpos + x < kl ? ldg(src + x) : 0.0f;
-            }
-        } else if (kpos < kl) {
-            if (vec) {
-                ldg4(src, v);
-            } else {
-                for (int x = 0; x < 4; ++x) v[x] = (live >> x) & 1 ? ldg(src + x) : 0.0f;
-            }
-        } else {
-            for (int x = 0; x < 4; ++x) v[x] = 0.0f;
-        }
-    }
-
-    // To the next k-tile: BK along the row, or BK rows down.
-    CAPSULE_HD void advance(int64_t ld) {
-        if (live) src += KCONTIG ? BK : BK * ld;
-    }
-};
-
-// Chunk q into the k-major shared tile s (row pitch LD): transposed by 4 scalar stores for
-// k-contiguous operands, one 16-byte store otherwise.
-template <int E, int LD, int BK, bool KCONTIG>
-CAPSULE_HD void store_chunk(float* s, int q, const float v[4]) {
-    if (KCONTIG) {
-        const int e = q / (BK / 4), p = (q % (BK / 4)) * 4;
-        for (int x = 0; x < 4; ++x) s[(p + x) * LD + e] = v[x];
-    } else {
-        const int p = q / (E / 4), e = (q % (E / 4)) * 4;
-        st4(s + p * LD + e, v);
-    }
-}
-
-// Per-thread state: the accumulators, the chunk cursors and the staged chunks of a k-tile.
-template <class T, bool AT, bool BT>
-struct GemmRegs {
-    float acc[T::TM][T::TN];
-    Chunk<T::BM, T::BK, !AT> ca[T::A_CHUNKS];
-    Chunk<T::BN, T::BK, BT> cb[T::B_CHUNKS];
-    float a[T::A_CHUNKS][4];
-    float b[T::B_CHUNKS][4];
-
-    CAPSULE_HD void init(const Operand& oa, const Operand& ob, int64_t i0, int64_t j0, int tid) {
-#pragma unroll
-        for (int i = 0; i < T::TM; ++i) {
-#pragma unroll
-            for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
-        }
-#pragma unroll
-        for (int c = 0; c < T::A_CHUNKS; ++c) ca[c].init(oa, i0, tid + c * T::THREADS);
-#pragma unroll
-        for (int c = 0; c < T::B_CHUNKS; ++c) cb[c].init(ob, j0, tid + c * T::THREADS);
-    }
-
-    // The k-tile with kleft > 0 elements of k from its start on.
-    CAPSULE_HD void load(int64_t kleft) {
-        const int kl = kleft < T::BK ? static_cast<int>(kleft) : T::BK;
-#pragma unroll
-        for (int c = 0; c < T::A_CHUNKS; ++c) ca[c].load(kl, a[c]);
-#pragma unroll
-        for (int c = 0; c < T::B_CHUNKS; ++c) cb[c].load(kl, b[c]);
-    }
-
-    CAPSULE_HD void advance(int64_t lda, int64_t ldb) {
-#pragma unroll
-        for (int c = 0; c < T::A_CHUNKS; ++c) ca[c].advance(lda);
-#pragma unroll
-        for (int c = 0; c < T::B_CHUNKS; ++c) cb[c].advance(ldb);
-    }
-
-    CAPSULE_HD void store(float* as, float* bs, int tid) const {
-#pragma unroll
-        for (int c = 0; c < T::A_CHUNKS; ++c) store_chunk<T::BM, T::LDA, T::BK, !AT>(as, tid + c * T::THREADS, a[c]);
-#pragma unroll
-        for (int c = 0; c < T::B_CHUNKS; ++c) store_chunk<T::BN, T::LDB, T::BK, BT>(bs, tid + c * T::THREADS, b[c]);
-    }
-};
-
-// acc += the thread's share of one staged k-tile, p ascending.
-template <class T>
-CAPSULE_HD void multiply_stage(const float* as, const float* bs, int tx, int ty, float acc[T::TM][T::TN]) {
-#pragma unroll(T::UNROLL)
-    for (int p = 0; p < T::BK; ++p) {
-        float a[T::TM], b[T::TN];
-#pragma unroll
-        for (int g = 0; g < T::TM / 4; ++g) ld4(as + p * T::LDA + tile_row<T>(ty, 4 * g), a + 4 * g);
-#pragma unroll
-        for (int h = 0; h < T::TN / 4; ++h) ld4(bs + p * T::LDB + tile_col<T>(tx, 4 * h), b + 4 * h);
-#pragma unroll
-        for (int i = 0; i < T::TM; ++i) {
-#pragma unroll
-            for (int j = 0; j < T::TN; ++j) acc[i][j] = fma_rn(a[i], b[j], acc[i][j]);
-        }
-    }
 }
 
 // The thread's outputs that fall inside C, through the epilogue; 16-byte stores when legal.
@@ -363,87 +235,19 @@ CAPSULE_HD void store_outputs(float* c, int64_t m, int64_t n, bool vec, int64_t 
     }
 }
 
-// The threads of a block as the device runs them: each thread is its own single slot.
-struct DeviceThreads {
-    static constexpr int kSlots = 1;
-    CAPSULE_HD int tid(int) const {
-#if defined(__CUDA_ARCH__)
-        return static_cast<int>(threadIdx.x);
-#else
-        return 0;
-#endif
-    }
-    CAPSULE_HD void sync() const {
-#if defined(__CUDA_ARCH__)
-        __syncthreads();
-#endif
-    }
-};
+// The k range [k0, k0 + len) of split s of `splits` (≥ 1): whole steps of SPLIT_STEP, the first
+// splits taking ⌈steps / splits⌉ each (a split past the end is empty: its partial is zeros). The
+// step is not the k-tile: a range may end inside a k-tile (its last one is then a tail).
+constexpr int SPLIT_STEP = 8;
 
-// The k range [k0, k0 + len) of split s of `splits` (≥ 1): whole k-tiles of BK, the first
-// splits taking ⌈tiles / splits⌉ each (a split past the end is empty: its partial is zeros).
 struct KRange {
     int64_t k0, len;
 };
 
-template <int BK>
 CAPSULE_HD KRange split_range(int64_t k, int64_t splits, int64_t s) {
-    const int64_t per = cdiv(cdiv(k, BK), splits < 1 ? 1 : splits) * BK;
+    const int64_t per = cdiv(cdiv(k, SPLIT_STEP), splits < 1 ? 1 : splits) * SPLIT_STEP;
     const int64_t k0 = min64(k, s * per);
     return KRange{k0, min64(k - k0, per)};
-}
-
-// Work item `tile` of the GEMM by one block. Split-K makes the splits an outer batch: the item is
-// a tile of entry e (tile_coords over batch·splits entries), of batch entry e mod batch over
-// split e / batch's k range, and entry e of the partials (laid out split by split) is where it
-// goes, without bias; with g.splits == 1 that is the tile of C itself, through the epilogue.
-// `Threads` runs the block's threads: on the device each thread runs itself (one slot); the
-// host harness runs all T::THREADS slots one after the other between barriers, each to the next
-// barrier, so a shared-memory race shows there too.
-template <class T, bool AT, bool BT, class Threads, class Epi>
-CAPSULE_HD void gemm_tile(const Threads& threads, const Gemm& g, int64_t tile, float* smem, GemmRegs<T, AT, BT>* regs,
-                          const Epi& epi) {
-    int64_t entry, tm, tn;
-    tile_coords(tile, cdiv(g.m, T::BM), cdiv(g.n, T::BN), entry, tm, tn);
-    const int64_t i0 = tm * T::BM, j0 = tn * T::BN;
-    const int64_t split = entry / g.batch, bt = entry - split * g.batch;
-    const KRange kr = split_range<T::BK>(g.k, g.splits, split);
-    const Operand a = operand(g.a + bt * g.m * g.k + (AT ? kr.k0 * g.m : kr.k0), AT ? g.m : g.k, g.m);
-    const Operand b = operand(g.b + bt * g.k * g.n + (BT ? kr.k0 : kr.k0 * g.n), BT ? g.k : g.n, g.n);
-    float* const as = smem;
-    float* const bs = smem + 2 * T::A_STAGE;
-
-    for (int s = 0; s < Threads::kSlots; ++s) {
-        regs[s].init(a, b, i0, j0, threads.tid(s));
-        if (kr.len > 0) {
-            regs[s].load(kr.len);
-            regs[s].store(as, bs, threads.tid(s));
-        }
-    }
-    threads.sync();
-    int cur = 0;
-    for (int64_t kleft = kr.len; kleft > 0; kleft -= T::BK) {
-        const bool more = kleft > T::BK;
-        for (int s = 0; s < Threads::kSlots; ++s) {
-            const int tid = threads.tid(s);
-            if (more) {
-                regs[s].advance(a.ld, b.ld);
-                regs[s].load(kleft - T::BK);
-            }
-            multiply_stage<T>(as + cur * T::A_STAGE, bs + cur * T::B_STAGE, thread_x<T>(tid), thread_y<T>(tid), regs[s].acc);
-            if (more) regs[s].store(as + (cur ^ 1) * T::A_STAGE, bs + (cur ^ 1) * T::B_STAGE, tid);
-        }
-        cur ^= 1;
-        threads.sync();
-    }
-    const bool whole = g.splits == 1;
-    float* const c = (whole ? g.c : g.partial) + entry * g.m * g.n;
-    const bool cvec = aligned16(c) && g.n % 4 == 0;
-    const Epi e = whole ? epi : epi.without_bias();
-    for (int s = 0; s < Threads::kSlots; ++s) {
-        const int tid = threads.tid(s);
-        store_outputs<T>(c, g.m, g.n, cvec, i0, j0, thread_x<T>(tid), thread_y<T>(tid), regs[s].acc, e);
-    }
 }
 
 // Element e of the sum of `splits` partials of `count` elements each, split 0 first.
@@ -452,6 +256,269 @@ CAPSULE_HD float split_sum(const float* partial, int64_t count, int64_t splits, 
     for (int64_t k = 1; k < splits; ++k) s = add_rn(s, ldg(partial + k * count + e));
     return s;
 }
+
+// -- the SGEMM main loop (kernel code only) -------------------------------------------------------
+#if defined(__CUDACC__) || defined(__global__)
+
+// Asynchronous copies from global to shared memory (cp.async): issued, committed as a group,
+// and complete for the issuing thread once wait_async<N> returns with at most N younger groups
+// outstanding (other threads see them after a barrier that follows the wait). live == false
+// copies zeros (the zero-fill form: nothing is read from src). 16-byte copies need both addresses
+// 16-byte aligned.
+#if defined(CAPSULE_EMU)
+// The emulator defers each copy to the wait that retires its group, in the issuing thread (a
+// queue per thread), so shared memory read before that wait still holds the emulator's NaN
+// pattern or an older k-tile, as it may on the GPU. The queues are the emulator's bookkeeping,
+// unseen by racecheck; the copies themselves are the thread's accesses, made at the wait.
+namespace emu_async {
+struct Copy {
+    float* dst;
+    const float* src;
+    int floats;  // 1 or 4
+    bool live;
+    uint32_t group;
+};
+
+constexpr int kThreads = 1024, kCopies = 64;
+
+struct Queue {
+    Copy copies[kCopies];
+    int head, count;
+    uint32_t group;  // the group being filled; older ones are committed
+};
+
+inline Queue queues[kThreads];
+
+CAPSULE_EMU_INTERNAL inline Queue& mine() {
+    const dim3 t = capsule_emu::thread_idx(), d = capsule_emu::block_dim();
+    return queues[t.x + d.x * (t.y + d.y * t.z)];
+}
+
+CAPSULE_EMU_INTERNAL inline void reset() {
+    Queue& q = mine();
+    q.head = q.count = 0;
+    q.group = 0;
+}
+
+CAPSULE_EMU_INTERNAL inline bool push(float* dst, const float* src, int floats, bool live) {
+    Queue& q = mine();
+    if (q.count == kCopies) return false;
+    q.copies[(q.head + q.count++) % kCopies] = Copy{dst, src, floats, live, q.group};
+    return true;
+}
+
+CAPSULE_EMU_INTERNAL inline void commit() { ++mine().group; }
+
+// The oldest copy of a group with more than n committed groups after it, off the queue.
+CAPSULE_EMU_INTERNAL inline bool due(uint32_t n, Copy& out) {
+    Queue& q = mine();
+    if (q.count == 0 || q.copies[q.head].group + n >= q.group) return false;
+    out = q.copies[q.head];
+    q.head = (q.head + 1) % kCopies;
+    --q.count;
+    return true;
+}
+}  // namespace emu_async
+#endif
+
+// Before a block's first copy: nothing on the device; the emulator drops what a block that ended
+// in an error left queued.
+__device__ __forceinline__ void begin_async() {
+#if defined(CAPSULE_EMU)
+    emu_async::reset();
+#endif
+}
+
+__device__ __forceinline__ void copy4_async(float* dst, const float* src, bool live) {
+#if defined(CAPSULE_EMU)
+    if (!emu_async::push(dst, src, 4, live)) __trap();
+#else
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(live ? 16 : 0) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy1_async(float* dst, const float* src, bool live) {
+#if defined(CAPSULE_EMU)
+    if (!emu_async::push(dst, src, 1, live)) __trap();
+#else
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src), "r"(live ? 4 : 0) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void commit_async() {
+#if defined(CAPSULE_EMU)
+    emu_async::commit();
+#else
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wait_async() {
+#if defined(CAPSULE_EMU)
+    emu_async::Copy c;
+    while (emu_async::due(N, c)) {
+        if (c.floats == 4) {
+            *reinterpret_cast<float4*>(c.dst) = c.live ? *reinterpret_cast<const float4*>(c.src) : float4{};
+        } else {
+            *c.dst = c.live ? *c.src : 0.0f;
+        }
+    }
+#else
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// A thread's copies of one operand's k-tiles into the stages (E: the operand's free extent in the
+// tile, BM or BN). K-contiguous operands (A, or B stored transposed) are transposed element by
+// element: the thread takes row tid mod E (a warp 32 consecutive rows, so the shared stores hit
+// distinct banks) and COPIES consecutive k from slice tid / E. The others move 16-byte chunks
+// along the free axis: columns 4·(tid mod E/4) … + 3, k rows tid / (E/4) + c·ROWS, c < COPIES;
+// element by element (zeros past the extent) where 16-byte copies are illegal. Past the k-tile's
+// valid length everything is zero, so the multiply needs no bounds tests.
+template <class T, int E, bool KCONTIG>
+struct Loader {
+    static constexpr int COPIES = KCONTIG ? E * T::BK / T::THREADS : E * T::BK / (4 * T::THREADS);
+    static constexpr int ROWS = KCONTIG ? 1 : T::THREADS / (E / 4);
+    const float* src;  // the thread's first element of the current k-tile
+    int64_t ld;
+    int dst;   // its offset in a stage's part of this operand
+    int kq;    // its first k within a k-tile
+    int live;  // K-contiguous: 1 when its row is inside; otherwise bit x: column + x inside
+    bool vec;  // 16-byte copies
+
+    __device__ __forceinline__ void init(const Operand& op, int64_t e0, int tid) {
+        ld = op.ld;
+        if (KCONTIG) {
+            const int64_t e = e0 + tid % E;
+            kq = tid / E * COPIES;
+            live = e < op.ext ? 1 : 0;
+            src = op.p + (live ? e * op.ld + kq : 0);
+            dst = kq * E + tid % E;
+            vec = false;
+        } else {
+            const int64_t e = e0 + tid % (E / 4) * 4;
+            kq = tid / (E / 4);
+            live = 0;
+            for (int x = 0; x < 4; ++x) live |= (e + x < op.ext ? 1 : 0) << x;
+            src = op.p + (live ? kq * op.ld + e : 0);
+            dst = kq * E + tid % (E / 4) * 4;
+            vec = op.vec && live == 15;
+        }
+    }
+
+    // The current k-tile, kl ≥ 1 elements of k long, into stage part s; then on to the next.
+    __device__ __forceinline__ void copy(float* s, int kl) {
+        const int kin = kl - kq;  // copy c is inside the k-tile when c·ROWS < kin
+#pragma unroll
+        for (int c = 0; c < COPIES; ++c) {
+            if (KCONTIG) {
+                copy1_async(s + dst + c * E, src + c, live && c < kin);
+            } else {
+                const bool in = c * ROWS < kin;
+                const float* from = src + c * ROWS * ld;
+                float* to = s + dst + c * ROWS * E;
+                if (vec) {
+                    copy4_async(to, from, in);
+                } else {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) copy1_async(to + x, from + x, in && ((live >> x) & 1));
+                }
+            }
+        }
+        src += KCONTIG ? T::BK : T::BK * ld;
+    }
+};
+
+// The thread's A and B fragments of step p of a stage: 16-byte shared loads.
+template <class T>
+__device__ __forceinline__ void fragments(const float* as, const float* bs, int p, int tx, int ty, float a[T::TM],
+                                          float b[T::TN]) {
+#pragma unroll
+    for (int g = 0; g < T::TM / 4; ++g) ld4(as + p * T::BM + tile_row<T>(ty, 4 * g), a + 4 * g);
+#pragma unroll
+    for (int h = 0; h < T::TN / 4; ++h) ld4(bs + p * T::BN + tile_col<T>(tx, 4 * h), b + 4 * h);
+}
+
+// acc += the thread's share of one stage, p ascending; the fragments of p + 1 load while the FMAs
+// of p run (two fragment buffers).
+template <class T>
+__device__ __forceinline__ void multiply_stage(const float* as, const float* bs, int tx, int ty,
+                                               float (&acc)[T::TM][T::TN]) {
+    float a[2][T::TM], b[2][T::TN];
+    fragments<T>(as, bs, 0, tx, ty, a[0], b[0]);
+#pragma unroll
+    for (int p = 0; p < T::BK; ++p) {
+        if (p + 1 < T::BK) fragments<T>(as, bs, p + 1, tx, ty, a[(p + 1) & 1], b[(p + 1) & 1]);
+#pragma unroll
+        for (int i = 0; i < T::TM; ++i) {
+#pragma unroll
+            for (int j = 0; j < T::TN; ++j) acc[i][j] = fma_rn(a[p & 1][i], b[p & 1][j], acc[i][j]);
+        }
+    }
+}
+
+// Work item `tile` of the GEMM by one block (blockDim.x == T::THREADS). Split-K makes the splits
+// an outer batch: the item is a tile of entry e (tile_coords over batch·splits entries), of batch
+// entry e mod batch over split e / batch's k range, and entry e of the partials (laid out split
+// by split) is where it goes, without bias; with g.splits == 1 that is the tile of C itself,
+// through the epilogue. The copies run STAGES − 1 k-tiles ahead of the multiply, one commit group
+// per k-tile (empty ones past the last, so that the wait depth stays STAGES − 2).
+template <class T, bool AT, bool BT, class Epi>
+__device__ __forceinline__ void gemm_tile(const Gemm& g, int64_t tile, float* smem, const Epi& epi) {
+    int64_t entry, tm, tn;
+    tile_coords(tile, cdiv(g.m, T::BM), cdiv(g.n, T::BN), entry, tm, tn);
+    const int64_t i0 = tm * T::BM, j0 = tn * T::BN;
+    const int64_t split = entry / g.batch, bt = entry - split * g.batch;
+    const KRange kr = split_range(g.k, g.splits, split);
+    const int tid = static_cast<int>(threadIdx.x);
+    Loader<T, T::BM, !AT> la;
+    Loader<T, T::BN, BT> lb;
+    la.init(operand(g.a + bt * g.m * g.k + (AT ? kr.k0 * g.m : kr.k0), AT ? g.m : g.k, g.m), i0, tid);
+    lb.init(operand(g.b + bt * g.k * g.n + (BT ? kr.k0 : kr.k0 * g.n), BT ? g.k : g.n, g.n), j0, tid);
+    const int tx = thread_x<T>(tid), ty = thread_y<T>(tid);
+    float acc[T::TM][T::TN];
+#pragma unroll
+    for (int i = 0; i < T::TM; ++i) {
+#pragma unroll
+        for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
+    }
+
+    const int64_t ktiles = cdiv(kr.len, T::BK);
+    int64_t issued = 0;
+    const auto copy_next = [&](int stage) {
+        if (issued < ktiles) {
+            const int64_t kleft = kr.len - issued * T::BK;
+            float* const s = smem + stage * T::STAGE;
+            la.copy(s, kleft < T::BK ? static_cast<int>(kleft) : T::BK);
+            lb.copy(s + T::A_STAGE, kleft < T::BK ? static_cast<int>(kleft) : T::BK);
+            ++issued;
+        }
+        commit_async();
+    };
+#pragma unroll
+    for (int s = 0; s < T::STAGES - 1; ++s) copy_next(s);
+    int read = 0, write = T::STAGES - 1;
+    for (int64_t t = 0; t < ktiles; ++t) {
+        wait_async<T::STAGES - 2>();
+        // k-tile t is in shared memory, and every thread is done with k-tile t − 1, whose stage
+        // the next copies overwrite.
+        __syncthreads();
+        copy_next(write);
+        multiply_stage<T>(smem + read * T::STAGE, smem + read * T::STAGE + T::A_STAGE, tx, ty, acc);
+        read = read + 1 == T::STAGES ? 0 : read + 1;
+        write = write + 1 == T::STAGES ? 0 : write + 1;
+    }
+    __syncthreads();  // every thread is done with the stages before the next item's copies
+
+    const bool whole = g.splits == 1;
+    float* const c = (whole ? g.c : g.partial) + entry * g.m * g.n;
+    store_outputs<T>(c, g.m, g.n, aligned16(c) && g.n % 4 == 0, i0, j0, tx, ty, acc, whole ? epi : epi.without_bias());
+}
+
+#endif
 
 // -- GEMV: linear's forward for few rows ------------------------------------------------------------
 

@@ -34,11 +34,11 @@ THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
 
 def force_gemm(monkeypatch, threads: int, splits: int = 1):
     """Every GEMM planned on the tile shape of `threads` with at most `splits` k ranges (fewer where
-    k has fewer k-tiles), and linear's forward through the GEMM rather than the GEMV."""
+    k has fewer split steps), and linear's forward through the GEMM rather than the GEMV."""
     def config(batch, m, n, k):
-        ktiles = -(-k // plans.BK)
-        s = max(1, min(splits, ktiles))
-        return THREADS[threads], (-(-ktiles // -(-ktiles // s)) if s > 1 else 1)
+        steps = -(-k // plans.SPLIT_STEP)
+        s = max(1, min(splits, steps))
+        return THREADS[threads], (-(-steps // -(-steps // s)) if s > 1 else 1)
     monkeypatch.setattr(plans, "gemm_config", config)
     monkeypatch.setattr(plans, "GEMV_ROWS", 0)
 
@@ -48,23 +48,35 @@ def force_gemm(monkeypatch, threads: int, splits: int = 1):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_compiles_without_warnings_or_spills(arch):
-    """The GEMMs' shared memory: 2 × 16.5 KB, two blocks per multiprocessor."""
+    """The GEMMs' shared memory: three stages of 16 KiB, the static limit (two blocks of 256
+    threads, or four of 128, per multiprocessor)."""
     assert build_problems(FAMILY, arch) == []
     for name in GEMM_SYMBOLS:
         smem = compiled(FAMILY)[arch].resources[name].shared_bytes
-        assert smem == 2 * 8 * (132 + 132) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
+        assert smem == 3 * 16 * (128 + 128) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
+
+
+K_CONTIGUOUS = {"capsule_matmul_fwd": (True, False), "capsule_matmul_bwd_a": (True, True),
+                "capsule_matmul_bwd_b": (False, False), "capsule_linear_fwd": (True, True),
+                "capsule_linear_bwd_x": (True, False), "capsule_linear_bwd_w": (False, False)}
+"""Whether each GEMM's A and B are k-contiguous (copied element by element, transposed)."""
 
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_gemm_core_is_vectorised(arch):
-    """The FMA inner loop reads 16-byte shared fragments and the tiles move 16-byte global vectors."""
+    """The FMA inner loop reads 16-byte shared fragments; the k-tiles reach shared memory by
+    cp.async only (16-byte copies for operands that are not k-contiguous, 4-byte ones to transpose
+    or where 16 bytes are illegal), with a wait one group short of the newest."""
     ptx = compiled(FAMILY)[arch].ptx
     for name in GEMM_SYMBOLS:
         body = re.search(rf"\.entry {name}\(.*?\n}}\n", ptx, re.DOTALL)[0]
-        # BigTile: one k-step of 8×8 FMAs; SmallTile: eight unrolled k-steps of 8×4.
-        assert body.count("fma.rn.f32") == 64 + 8 * 32, name
-        assert body.count("ld.shared.v4.f32") == 4 + 8 * 3, name
-        assert body.count("ld.global.nc.v4.f32") >= 4 and body.count("st.global.cg.v4.f32") == 16 + 8, name
+        # BigTile: 16 k-steps of 8×8 FMAs, SmallTile 16 of 8×4; each copy site (two before the
+        # loop, one in it) per tile shape: 2 16-byte copies or 8 4-byte ones per operand.
+        assert body.count("fma.rn.f32") == 16 * 64 + 16 * 32, name
+        assert body.count("ld.shared.v4.f32") == 16 * 4 + 16 * 3, name
+        assert body.count("cp.async.cg.shared.global") == 12 * K_CONTIGUOUS[name].count(False), name
+        assert body.count("cp.async.ca.shared.global") == 96 and body.count("cp.async.wait_group 1;") == 2, name
+        assert "ld.global.nc.v4.f32" not in body and body.count("st.global.cg.v4.f32") == 16 + 8, name
         assert not re.search(r"^\s*(@\S+\s+)?(atom|red)\.", body, re.MULTILINE), f"{name} uses atomics"
     # The GEMVs: per 16-byte chunk of k, one 16-byte load per column and per row of x, rows × cols × 4
     # FMAs, then butterflies.
@@ -153,7 +165,9 @@ def test_mse_loss_on_the_large_sample(emu):
 # -- the SGEMM core exactly ---------------------------------------------------------------------------
 
 GEMM_CASES = [(1, 1, 1, 1), (1, 130, 17, 129), (2, 65, 9, 63), (3, 5, 0, 7), (2, 33, 40, 4), (1, 128, 16, 128),
-              (1, 64, 8, 64), (2, 1, 129, 3), (1, 200, 3, 1)]
+              (1, 64, 8, 64), (2, 1, 129, 3), (1, 200, 3, 1), (1, 31, 100, 67)]
+"""(batch, m, k, n): edges of both tile shapes, k = 0, one k-tile, a tail k-tile, and k-tiles that go
+round the ring of stages twice (k = 100: seven, the last four elements long)."""
 
 
 def rng_matrix(rng, *shape):
@@ -165,9 +179,9 @@ def rng_matrix(rng, *shape):
 @pytest.mark.parametrize("batch, m, k, n", GEMM_CASES)
 def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n, threads, splits, monkeypatch):
     """Every output of every GEMM entry point (each transposition of the core) equals the plain
-    FMA chain over p = 0 … k−1: tiling, zero padding at the edges, double buffering and the
-    per-thread micro-tiles move values but never change a rounding. Split into S ranges of whole
-    k-tiles (⌈k-tiles / S⌉ each), it is the chains of the ranges added in range order (the bias
+    FMA chain over p = 0 … k−1: tiling, zero padding at the edges, the ring of stages the copies
+    run ahead in and the per-thread micro-tiles move values but never change a rounding. Split into
+    S ranges of whole split steps (⌈steps / S⌉ each), it is the chains of the ranges added in range order (the bias
     last)."""
     force_gemm(monkeypatch, threads, splits)
     rng = seeded_rng("matmul", f"chain/{batch}/{m}/{k}/{n}")
@@ -182,7 +196,7 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
     def naive(at, bt, x, y, mm, nn, kk):
         """The chains of the split ranges of k, added in order."""
         _, s = plans.gemm_config(len(x), mm, nn, kk)
-        per = max(1, -(-(-(-kk // plans.BK)) // s) * plans.BK)
+        per = max(1, -(-(-(-kk // plans.SPLIT_STEP)) // s) * plans.SPLIT_STEP)
         total = None
         for k0 in range(0, max(kk, 1), per):
             k1 = min(kk, k0 + per)
@@ -303,7 +317,7 @@ def test_split_sums_in_split_order_on_both_paths(lib, emu):
         assert [l.symbol for l in plan.launches] == ["capsule_linear_fwd", "capsule_linear_fwd_ksum"]
         splits = plan.launches[0].args[-1]
         assert splits > 1 and plan.buffer("partial").elements == splits * rows * out
-        per = -(-(-(-width // plans.BK)) // splits) * plans.BK
+        per = -(-(-(-width // plans.SPLIT_STEP)) // splits) * plans.SPLIT_STEP
         expected = None
         for k0 in range(0, width, per):
             xs = np.ascontiguousarray(inputs["x"][None, :, k0:k0 + per])

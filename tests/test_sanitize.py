@@ -117,6 +117,35 @@ def test_each_defect_is_found_by_exactly_its_tool(planted, tool, defect):
             assert np.array_equal(y, np.maximum(x - 1, 0))
 
 
+def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
+    """The SGEMM without its k-tile barrier (tests/mutants.py's sgemm-dropped-stage-barrier, planted
+    in a copy of cuda/): racecheck reports the shared-memory race between the copies of a k-tile
+    and the multiply of the stage, at the emulator's cp.async wait (where the copies land) and the
+    fragment loads. 40 x 40 x 40: three k-tiles, so the ring of stages turns over."""
+    from capsule_core.backends.emu import family_refs
+    from mutants import KERNEL_MUTANTS, mutated_sources
+    why = sanitize.unavailable("racecheck")
+    if why:
+        pytest.skip(why)
+    mutant = next(m for m in KERNEL_MUTANTS if m.id == "sgemm-dropped-stage-barrier")
+    ref = next(r for r in family_refs("linalg") if r.symbol == "capsule_matmul_fwd")
+    n = 40
+    a = np.ones((n, n), np.float32)
+    with mutated_sources(mutant) as folder:
+        backend = sanitize.backend_for("racecheck", folder)
+        xa, xb, y = (backend.allocate(a.nbytes) for _ in range(3))
+        backend.upload(xa, a)
+        backend.upload(xb, a)
+        i64 = SCALAR_TYPES["int64_t"]
+        backend.launch(ref, (1, 1, 1), (128, 1, 1), 0,
+                       [np.uintp(xa), np.uintp(xb), np.uintp(y), np.uintp(y), i64(1), i64(n), i64(n), i64(n), i64(1)])
+        with pytest.raises(sanitize.SanitizerFinding) as found:
+            backend.synchronize()
+    finding = found.value.finding
+    assert finding.tool == "racecheck" and finding.summary.startswith("data race on shared memory"), finding.summary
+    assert "linalg.cuh" in finding.summary, finding.summary
+
+
 # -- on a GPU: NVIDIA's compute-sanitizer, mapped to the same check ids -----------------------------
 
 

@@ -2,10 +2,11 @@
 
 GEMMs (matmul forward and both gradients; linear forward, dx and dw) run on the SGEMM core. The
 block size names the tile: 256 threads compute 128×128 tiles (8×8 per thread), 128 threads 64×64
-tiles (8×4 per thread). A problem with few tiles (fewer than two per multiprocessor of an H200)
-may split its contraction k into `splits` ranges of whole k-tiles: the first launch then writes
-each range's partial product to a workspace and a second (`*_ksum`) adds the partials in split
-order, bias last: deterministic, no atomics, and the split count comes from the shape alone.
+tiles (8×4 per thread), either in k-tiles of 16 that cp.async copies into a three-stage ring of
+48 KiB static shared memory. A problem with few tiles (fewer than two per multiprocessor of an
+H200) may split its contraction k into `splits` ranges of whole steps of SPLIT_STEP: the first
+launch then writes each range's partial product to a workspace and a second (`*_ksum`) adds the
+partials in split order, bias last: deterministic, no atomics, and the split count comes from the shape alone.
 `gemm_config` picks the tile shape and the split count with the least estimated time (a cost
 model: the most blocks any multiprocessor runs, each a tile's FMAs over its k range, over the
 throughput of the tile shape at the warps resident there; plus the partials' traffic and a
@@ -43,15 +44,17 @@ SMALL_EFFICIENCY = 0.75
 """Throughput of a multiprocessor on 64×64 tiles relative to 128×128 ones (fewer FMAs per
 shared-memory load, twice the L2 traffic per FMA): the price of the smaller tile."""
 RESIDENT = {BIG: 2, SMALL: 4}
-"""Blocks of each tile shape one multiprocessor holds (128 registers per thread)."""
+"""Blocks of each tile shape one multiprocessor holds (128 registers per thread; 48 KiB of shared
+memory each leaves room for four)."""
 WARP_EFFICIENCY = {4: 0.6, 8: 0.8, 12: 0.9}
 """Throughput of a multiprocessor with this many resident GEMM warps relative to 16 or more (fewer
 warps hide less of each k-tile's load latency). All these are estimates, not yet measured on
 the H200."""
-BK = 8
-"""Elements of k per k-tile of the SGEMM core (linalg.cuh GemmTile::BK)."""
-SPLIT_MIN_KTILES = 8
-"""Split-K: every split keeps at least this many k-tiles ..."""
+SPLIT_STEP = 8
+"""Split-K ranges are whole steps of this many elements of k (linalg.cuh SPLIT_STEP; the k-tile
+of the SGEMM core, GemmTile::BK, is 16: a range may end inside one)."""
+SPLIT_MIN_STEPS = 8
+"""Split-K: every split keeps at least this many steps ..."""
 MAX_PARTIAL_ELEMENTS = 1 << 24
 """... and the partials stay within 64 MiB."""
 SM_FMA_RATE = 128 * 1.98e9
@@ -108,7 +111,7 @@ def gemm_seconds(shape: tuple[int, int, int], batch: int, m: int, n: int, k: int
     per_sm = _cdiv(tiles * splits, MULTIPROCESSORS)
     warps = min(per_sm, RESIDENT[shape]) * threads // 32
     efficiency = (SMALL_EFFICIENCY if shape == SMALL else 1.0) * _warp_efficiency(warps)
-    klen = _cdiv(_cdiv(k, BK), splits) * BK
+    klen = _cdiv(_cdiv(k, SPLIT_STEP), splits) * SPLIT_STEP
     seconds = per_sm * bm * bn * klen / (SM_FMA_RATE * efficiency)
     if splits > 1:
         seconds += 4 * (2 * splits + 1) * batch * m * n / BANDWIDTH + LAUNCH_SECONDS
@@ -120,7 +123,7 @@ def max_splits(batch: int, m: int, n: int, k: int) -> int:
     count = batch * m * n
     if count == 0:
         return 1
-    return max(1, min(_cdiv(k, BK) // SPLIT_MIN_KTILES, MAX_PARTIAL_ELEMENTS // count))
+    return max(1, min(_cdiv(k, SPLIT_STEP) // SPLIT_MIN_STEPS, MAX_PARTIAL_ELEMENTS // count))
 
 
 def gemm_config(batch: int, m: int, n: int, k: int) -> tuple[tuple[int, int, int], int]:
@@ -132,8 +135,8 @@ def gemm_config(batch: int, m: int, n: int, k: int) -> tuple[tuple[int, int, int
         tiles = batch * _cdiv(m, shape[0]) * _cdiv(n, shape[1])
         top = max_splits(batch, m, n, k) if tiles < 2 * MULTIPROCESSORS else 1
         for splits in range(1, top + 1):
-            ktiles = _cdiv(k, BK)
-            if splits > 1 and _cdiv(ktiles, _cdiv(ktiles, splits)) != splits:
+            steps = _cdiv(k, SPLIT_STEP)
+            if splits > 1 and _cdiv(steps, _cdiv(steps, splits)) != splits:
                 continue  # a count whose last range would be empty: the same ranges as a smaller one
             key = (gemm_seconds(shape, batch, m, n, k, splits), splits, shape != BIG)
             if best is None or key < best[0]:
