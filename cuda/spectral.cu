@@ -1,12 +1,15 @@
 // fft_fno: one FNO-1D spectral block as a direct transform restricted to the M kept modes
 // (O(G·M) per channel, no FFT library), in stages, each a grid-stride loop over its outputs:
 //   twiddles  table[r] = (cos, sin)(2π·r/G), r < G                  (once per plan)
-//   analysis  X[b, k, c] = Σ_t x[b, t, c]·e^(−2πi·k·t/G), k < M    (KPT modes per thread)
+//   analysis  X[b, k, c] = Σ_t x[b, t, c]·e^(−2πi·k·t/G), k < M    (KPT modes × CPT channels per thread)
 //   mix       Zs[b, k, o] = (w_k/G)·Σ_c X[b, k, c]·W[k, c, o]       (w_k: irfft's bin weight)
-//   synthesis y[b, t, o] = Σ_k Re(Zs[b, k, o]·e^(2πi·k·t/G))         (TPT grid points per thread)
-// The analysis is split over t into `parts` contiguous ranges of ⌈G/parts⌉ points, each thread one
-// (part, batch, mode group, channel): the parts' partial spectra go to a workspace and a second
-// launch adds them in part order. With one part the analysis writes the spectrum itself. The
+//   synthesis y[b, t, o] = Σ_k Re(Zs[b, k, o]·e^(2πi·k·t/G))         (TPT points × OPT outputs per thread)
+// A thread's channels (outputs) are H = ⌈C/CPT⌉ apart, so that each twiddle it loads serves CPT
+// (OPT) of them while a warp's loads stay coalesced. The analysis is split over t into `parts`
+// contiguous ranges of ⌈G/parts⌉ points, each thread one (part, batch, mode group, channel group):
+// the parts' partial spectra go to a workspace and a second launch adds them in part order. With
+// one part the analysis writes the spectrum itself. Grids past 2^31 take the analyses' _wide entry
+// points (64-bit turns; the 32-bit ones trap on them). The
 // backward is the same stages transposed: the analysis of g (scaled by w_k/G), the mix's adjoint
 // with conj(W), the synthesis into dx, and the weight cotangents summed over the batch in a fixed
 // order. No atomics; every sum has a fixed order that does not depend on the grid.
@@ -28,8 +31,10 @@ using capsule::thread_index;
 constexpr int kMaxThreads = 256;
 constexpr int kTransformBlocks = 4;  // analysis and synthesis: 64 registers
 constexpr int kLeanBlocks = 8;       // the partial sums: 32 registers
-constexpr int kModesPerThread = 4;   // KPT
-constexpr int kPointsPerThread = 4;  // TPT
+constexpr int kModesPerThread = 2;     // KPT
+constexpr int kChannelsPerThread = 4;  // CPT
+constexpr int kPointsPerThread = 2;    // TPT
+constexpr int kOutputsPerThread = 4;   // OPT
 constexpr int64_t kTurn32Limit = int64_t{1} << 31;
 
 __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -44,53 +49,75 @@ __device__ __forceinline__ Turn first_turn(Turn k, Turn t, int64_t G) {
     }
 }
 
-// Item i = (part p, b, mode group, c), c fastest: out[p, b, k, c] = Σ_{t in part p} in[b, t, c]·
-// e^(−2πi·k·t/G) for its modes k < M, interleaved; part p is t in [p·span, min(G, (p + 1)·span)),
-// span = ⌈G/parts⌉. With one part out is the spectrum, scaled by w_k/G when `scaled`. 32-bit turns
-// walk the group's modes together; 64-bit ones (G > 2^31) one mode at a time, to fit the registers.
+// Item i = (part p, b, mode group, channel group h), h fastest: for its modes k < M and channels
+// c = h + j·H (H = ⌈C/CPT⌉, j < CPT, c < C), out[p, b, k, c] = Σ_{t in part p} in[b, t, c]·
+// e^(−2πi·k·t/G), interleaved; part p is t in [p·span, min(G, (p + 1)·span)), span = ⌈G/parts⌉.
+// With one part out is the spectrum, scaled by w_k/G when `scaled`. 32-bit turns walk the item's
+// KPT modes and CPT channels together (each twiddle load serves CPT channels); 64-bit ones
+// (G > 2^31) one mode and channel at a time, to fit the registers.
 template <typename Turn>
 __device__ __forceinline__ void analysis_item(const float* __restrict__ in, const float2* __restrict__ table,
                                               float* __restrict__ out, int64_t batch, int64_t G, int64_t C, int64_t M,
                                               int64_t parts, bool scaled, int64_t i) {
-    constexpr int kTogether = sizeof(Turn) == sizeof(uint32_t) ? kModesPerThread : 1;
-    const int64_t groups = cdiv(M, kModesPerThread);
-    const int64_t items = batch * groups * C, span = cdiv(G, parts);
+    constexpr bool kNarrow = sizeof(Turn) == sizeof(uint32_t);
+    constexpr int KM = kNarrow ? kModesPerThread : 1, KC = kNarrow ? kChannelsPerThread : 1;
+    const int64_t groups = cdiv(M, kModesPerThread), H = cdiv(C, kChannelsPerThread);
+    const int64_t items = batch * groups * H, span = cdiv(G, parts);
     const int64_t item = i % items, part = i / items;
-    const int64_t c = item % C, q = item / C;
-    const int64_t b = q / groups;
+    const int64_t h = item % H, q = item / H;
+    const int64_t b = q / groups, k_first = (q % groups) * kModesPerThread;
     const int64_t t0 = part * span < G ? part * span : G;
     const Turn g = static_cast<Turn>(G), n = static_cast<Turn>(G - t0 < span ? G - t0 : span);
     const Turn dt = static_cast<Turn>(t0 < G ? t0 : 0);
 #pragma unroll 1
-    for (int64_t k0 = (q % groups) * kModesPerThread, k_end = k0 + kModesPerThread; k0 < k_end; k0 += kTogether) {
-        Turn r[kTogether], inc[kTogether];
-        float re[kTogether], im[kTogether];
+    for (int64_t k0 = k_first; k0 < k_first + kModesPerThread; k0 += KM) {
+#pragma unroll 1
+        for (int j0 = 0; j0 < kChannelsPerThread; j0 += KC) {
+            Turn r[KM], inc[KM];
+            float re[KM][KC], im[KM][KC];
+            const float* p[KC];
 #pragma unroll
-        for (int j = 0; j < kTogether; ++j) {
-            inc[j] = static_cast<Turn>(k0 + j < G ? k0 + j : (k0 + j) % G);
-            // (k0 + j)·t0 mod G: one product, then t0 more per mode
-            r[j] = j > 0 ? capsule_fno_turn_step(r[j - 1], dt, g) : first_turn<Turn>(inc[0], dt, G);
-            re[j] = 0.0f;
-            im[j] = 0.0f;
-        }
-        const float* p = in + (b * G + t0) * C + c;
-#pragma unroll 4
-        for (Turn t = 0; t < n; ++t, p += C) {
-            const float v = __ldg(p);
+            for (int m = 0; m < KM; ++m) {
+                inc[m] = static_cast<Turn>(k0 + m < G ? k0 + m : (k0 + m) % G);
+                // (k0 + m)·t0 mod G: one product, then t0 more per mode
+                r[m] = m > 0 ? capsule_fno_turn_step(r[m - 1], dt, g) : first_turn<Turn>(inc[0], dt, G);
 #pragma unroll
-            for (int j = 0; j < kTogether; ++j) {
-                const float2 w = __ldg(table + r[j]);
-                capsule_fno_analysis_acc(v, w.x, w.y, re[j], im[j]);
-                r[j] = capsule_fno_turn_step(r[j], inc[j], g);
+                for (int j = 0; j < KC; ++j) re[m][j] = im[m][j] = 0.0f;
             }
-        }
-        float* o = out + 2 * (((part * batch + b) * M + k0) * C + c);
+            // channels past C read channel C − 1 (in bounds) and are never written
 #pragma unroll
-        for (int j = 0; j < kTogether; ++j, o += 2 * C) {
-            const int64_t k = k0 + j;
-            if (k < M) {
-                o[0] = scaled ? capsule_fno_scale(re[j], k, G) : re[j];
-                o[1] = scaled ? capsule_fno_scale(im[j], k, G) : im[j];
+            for (int j = 0; j < KC; ++j) {
+                const int64_t c = h + (j0 + j) * H;
+                p[j] = in + (b * G + t0) * C + (c < C ? c : C - 1);
+            }
+#pragma unroll 2
+            for (Turn t = 0; t < n; ++t) {
+                float v[KC];
+#pragma unroll
+                for (int j = 0; j < KC; ++j) {
+                    v[j] = __ldg(p[j]);
+                    p[j] += C;
+                }
+#pragma unroll
+                for (int m = 0; m < KM; ++m) {
+                    const float2 w = __ldg(table + r[m]);
+#pragma unroll
+                    for (int j = 0; j < KC; ++j) capsule_fno_analysis_acc(v[j], w.x, w.y, re[m][j], im[m][j]);
+                    r[m] = capsule_fno_turn_step(r[m], inc[m], g);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < KM; ++m) {
+                const int64_t k = k0 + m;
+#pragma unroll
+                for (int j = 0; j < KC; ++j) {
+                    const int64_t c = h + (j0 + j) * H;
+                    if (k < M && c < C) {
+                        float* o = out + 2 * (((part * batch + b) * M + k) * C + c);
+                        o[0] = scaled ? capsule_fno_scale(re[m][j], k, G) : re[m][j];
+                        o[1] = scaled ? capsule_fno_scale(im[m][j], k, G) : im[m][j];
+                    }
+                }
             }
         }
     }
@@ -103,21 +130,13 @@ template <typename Turn>
 __device__ void analyses(const float* __restrict__ a, const float* __restrict__ b, const float2* __restrict__ table,
                          float* __restrict__ a_out, float* __restrict__ b_out, int64_t batch, int64_t G, int64_t C_a,
                          int64_t C_b, int64_t M, int64_t parts) {
-    const int64_t per_channel = batch * cdiv(M, kModesPerThread) * parts;
-    const int64_t n_a = per_channel * C_a, n = n_a + per_channel * C_b;
+    const int64_t per_group = batch * cdiv(M, kModesPerThread) * parts;
+    const int64_t n_a = per_group * cdiv(C_a, kChannelsPerThread), n = n_a + per_group * cdiv(C_b, kChannelsPerThread);
     CAPSULE_GRID_STRIDE(i, n) {
-        if (i < n_a) analysis_item<Turn>(a, table, a_out, batch, G, C_a, M, parts, false, i);
-        else analysis_item<Turn>(b, table, b_out, batch, G, C_b, M, parts, parts == 1, i - n_a);
+        const bool of_b = i >= n_a;
+        analysis_item<Turn>(of_b ? b : a, table, of_b ? b_out : a_out, batch, G, of_b ? C_b : C_a, M, parts,
+                            of_b && parts == 1, of_b ? i - n_a : i);
     }
-}
-
-__device__ __forceinline__ void run_analyses(const float* __restrict__ a, const float* __restrict__ b,
-                                             const float* __restrict__ table, float* __restrict__ a_out,
-                                             float* __restrict__ b_out, int64_t batch, int64_t G, int64_t C_a,
-                                             int64_t C_b, int64_t M, int64_t parts) {
-    const float2* tw = reinterpret_cast<const float2*>(table);
-    if (G <= kTurn32Limit) analyses<uint32_t>(a, b, tw, a_out, b_out, batch, G, C_a, C_b, M, parts);
-    else analyses<uint64_t>(a, b, tw, a_out, b_out, batch, G, C_a, C_b, M, parts);
 }
 
 // spectrum[item] = (scaled ? w_k/G : 1)·Σ_p partial[p, item] for item = (b, k, c) of `items`, in
@@ -148,37 +167,67 @@ __device__ __forceinline__ void part_sum(const float* __restrict__ partial, floa
         scaled ? make_float2(capsule_fno_scale(re, k, G), capsule_fno_scale(im, k, G)) : make_float2(re, im);
 }
 
-// out[b, t, o] = Σ_k Re(z[b, k, o]·e^(2πi·k·t/G)) for t < G, z interleaved (B, M, O).
+// Item (b, point group, output group h), h fastest: out[b, t, o] = Σ_k Re(z[b, k, o]·e^(2πi·k·t/G))
+// for its TPT points t < G and outputs o = h + j·H (H = ⌈O/OPT⌉, j < OPT, o < O), z interleaved
+// (B, M, O). Each twiddle load serves OPT outputs. 32-bit turns walk the item's points and outputs
+// together; 64-bit ones (G > 2^31) one point and output at a time, to fit the registers.
 template <typename Turn>
 __device__ void synthesis(const float* __restrict__ z, const float2* __restrict__ table, float* __restrict__ out,
                           int64_t batch, int64_t G, int64_t O, int64_t M, int64_t first, int64_t step) {
-    const int64_t groups = cdiv(G, kPointsPerThread);
-    const int64_t items = batch * groups * O;
+    constexpr bool kNarrow = sizeof(Turn) == sizeof(uint32_t);
+    constexpr int KT = kNarrow ? kPointsPerThread : 1, KO = kNarrow ? kOutputsPerThread : 1;
+    const int64_t groups = cdiv(G, kPointsPerThread), H = cdiv(O, kOutputsPerThread);
+    const int64_t items = batch * groups * H;
     const Turn g = static_cast<Turn>(G), modes = static_cast<Turn>(M);
     for (int64_t item = first; item < items; item += step) {
-        const int64_t o = item % O, q = item / O;
-        const int64_t t0 = (q % groups) * kPointsPerThread, b = q / groups;
-        Turn r[kPointsPerThread], inc[kPointsPerThread];
-        float acc[kPointsPerThread];
+        const int64_t h = item % H, q = item / H;
+        const int64_t t_first = (q % groups) * kPointsPerThread, b = q / groups;
+#pragma unroll 1
+        for (int64_t t0 = t_first; t0 < t_first + kPointsPerThread; t0 += KT) {
+#pragma unroll 1
+            for (int j0 = 0; j0 < kOutputsPerThread; j0 += KO) {
+                Turn r[KT], inc[KT];
+                float acc[KT][KO];
+                const float2* zp[KO];
 #pragma unroll
-        for (int j = 0; j < kPointsPerThread; ++j) {
-            r[j] = 0;
-            inc[j] = static_cast<Turn>(t0 + j < G ? t0 + j : (t0 + j) % G);
-            acc[j] = 0.0f;
-        }
-        const float* zp = z + 2 * (b * M * O + o);
-        for (Turn k = 0; k < modes; ++k, zp += 2 * O) {
-            const float zr = __ldg(zp), zi = __ldg(zp + 1);
+                for (int m = 0; m < KT; ++m) {
+                    r[m] = 0;
+                    inc[m] = static_cast<Turn>(t0 + m < G ? t0 + m : (t0 + m) % G);
 #pragma unroll
-            for (int j = 0; j < kPointsPerThread; ++j) {
-                const float2 w = __ldg(table + r[j]);
-                acc[j] = capsule_fno_synthesis_acc(zr, zi, w.x, w.y, acc[j]);
-                r[j] = capsule_fno_turn_step(r[j], inc[j], g);
+                    for (int j = 0; j < KO; ++j) acc[m][j] = 0.0f;
+                }
+                // outputs past O read output O − 1 (in bounds) and are never written
+#pragma unroll
+                for (int j = 0; j < KO; ++j) {
+                    const int64_t o = h + (j0 + j) * H;
+                    zp[j] = reinterpret_cast<const float2*>(z) + b * M * O + (o < O ? o : O - 1);
+                }
+#pragma unroll 2
+                for (Turn k = 0; k < modes; ++k) {
+                    float2 zk[KO];
+#pragma unroll
+                    for (int j = 0; j < KO; ++j) {
+                        zk[j] = __ldg(zp[j]);
+                        zp[j] += O;
+                    }
+#pragma unroll
+                    for (int m = 0; m < KT; ++m) {
+                        const float2 w = __ldg(table + r[m]);
+#pragma unroll
+                        for (int j = 0; j < KO; ++j)
+                            acc[m][j] = capsule_fno_synthesis_acc(zk[j].x, zk[j].y, w.x, w.y, acc[m][j]);
+                        r[m] = capsule_fno_turn_step(r[m], inc[m], g);
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < KT; ++m) {
+#pragma unroll
+                    for (int j = 0; j < KO; ++j) {
+                        const int64_t o = h + (j0 + j) * H;
+                        if (t0 + m < G && o < O) out[(b * G + t0 + m) * O + o] = acc[m][j];
+                    }
+                }
             }
-        }
-#pragma unroll
-        for (int j = 0; j < kPointsPerThread; ++j) {
-            if (t0 + j < G) out[(b * G + t0 + j) * O + o] = acc[j];
         }
     }
 }
@@ -209,7 +258,18 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, kTransformBlocks) void caps
     const float* __restrict__ x, const float* __restrict__ table, float* __restrict__ spectrum, int64_t batch,
     int64_t grid, int64_t c_in, int64_t c_out, int64_t modes, int64_t parts) {
     (void)c_out;
-    run_analyses(x, nullptr, table, spectrum, nullptr, batch, grid, c_in, 0, modes, parts);
+    if (grid > kTurn32Limit) __trap();  // capsule_fft_fno_fwd_analysis_wide takes these grids
+    analyses<uint32_t>(x, nullptr, reinterpret_cast<const float2*>(table), spectrum, nullptr, batch, grid, c_in, 0, modes,
+                       parts);
+}
+
+// The same for any grid (64-bit turns): the plans launch it for G > 2^31.
+extern "C" __global__ __launch_bounds__(kMaxThreads, kTransformBlocks) void capsule_fft_fno_fwd_analysis_wide(
+    const float* __restrict__ x, const float* __restrict__ table, float* __restrict__ spectrum, int64_t batch,
+    int64_t grid, int64_t c_in, int64_t c_out, int64_t modes, int64_t parts) {
+    (void)c_out;
+    analyses<uint64_t>(x, nullptr, reinterpret_cast<const float2*>(table), spectrum, nullptr, batch, grid, c_in, 0, modes,
+                       parts);
 }
 
 // spectrum = Σ_p partial[p] in part order.
@@ -253,7 +313,15 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, kTransformBlocks) void caps
 extern "C" __global__ __launch_bounds__(kMaxThreads, kTransformBlocks) void capsule_fft_fno_bwd_spectra(
     const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ table, float* __restrict__ xspec,
     float* __restrict__ gspec, int64_t batch, int64_t grid, int64_t c_in, int64_t c_out, int64_t modes, int64_t parts) {
-    run_analyses(x, g, table, xspec, gspec, batch, grid, c_in, c_out, modes, parts);
+    if (grid > kTurn32Limit) __trap();  // capsule_fft_fno_bwd_spectra_wide takes these grids
+    analyses<uint32_t>(x, g, reinterpret_cast<const float2*>(table), xspec, gspec, batch, grid, c_in, c_out, modes, parts);
+}
+
+// The same for any grid (64-bit turns): the plans launch it for G > 2^31.
+extern "C" __global__ __launch_bounds__(kMaxThreads, kTransformBlocks) void capsule_fft_fno_bwd_spectra_wide(
+    const float* __restrict__ x, const float* __restrict__ g, const float* __restrict__ table, float* __restrict__ xspec,
+    float* __restrict__ gspec, int64_t batch, int64_t grid, int64_t c_in, int64_t c_out, int64_t modes, int64_t parts) {
+    analyses<uint64_t>(x, g, reinterpret_cast<const float2*>(table), xspec, gspec, batch, grid, c_in, c_out, modes, parts);
 }
 
 // xspec = Σ_p xpart[p] and gspec = (w_k/G)·Σ_p gpart[p], part order, one grid over both.

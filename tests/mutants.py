@@ -1304,8 +1304,8 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "fft_fno", "off by one", "the twiddle table kernel never writes entry G - 1: the transforms read an "
                  "unwritten twiddle", ("value",)),
     KernelMutant("fno-synthesis-last-point", "spectral.cu",
-                 "if (t0 + j < G) out[(b * G + t0 + j) * O + o] = acc[j];",
-                 "if (t0 + j < G - 1) out[(b * G + t0 + j) * O + o] = acc[j];",
+                 "if (t0 + m < G && o < O) out[(b * G + t0 + m) * O + o] = acc[m][j];",
+                 "if (t0 + m < G - 1 && o < O) out[(b * G + t0 + m) * O + o] = acc[m][j];",
                  "fft_fno", "off by one", "the synthesis never writes the last grid point",
                  ("bounds", "value")),
     KernelMutant("fno-bwd-unscaled-gspec", "spectral.cu",
@@ -1314,7 +1314,7 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "fft_fno", "missing 1/n", "the sum of g's partial spectra misses irfft's bin weight w_k/G",
                  ("vjp",)),
     KernelMutant("fno-bwd-unscaled-gspec-whole", "spectral.cu",
-                 "C_b, M, parts, parts == 1, i - n_a);", "C_b, M, parts, false, i - n_a);",
+                 "of_b && parts == 1, of_b ? i - n_a : i);", "false, of_b ? i - n_a : i);",
                  "fft_fno", "missing 1/n", "g's spectrum in one part misses irfft's bin weight w_k/G",
                  ("vjp",)),
     KernelMutant("fno-mix-swapped-strides", "spectral.cu",
@@ -1330,6 +1330,14 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "first_turn<Turn>(inc[0], dt, G)", "first_turn<Turn>(inc[0], 0, G)",
                  "fft_fno", "wrong offset", "every part of the split analysis starts at turn 0, as if at t = 0",
                  ("value", "vjp")),
+    KernelMutant("fno-analysis-adjacent-channels", "spectral.cu",
+                 "(c < C ? c : C - 1);", "(c < C ? h + j0 + j : C - 1);",
+                 "fft_fno", "swapped strides", "an analysis thread reads channels h, h + 1, ... where it accumulates "
+                 "and writes h, h + H, ... (H = ceil(C/4))", ("value", "vjp")),
+    KernelMutant("fno-synthesis-writes-past-outputs", "spectral.cu",
+                 "if (t0 + m < G && o < O) out[", "if (t0 + m < G) out[",
+                 "fft_fno", "off by one", "a synthesis thread writes its clamped outputs past O: into the next "
+                 "grid point's row, and past the end of y", ("bounds", "value")),
     KernelMutant("fno-sum-drops-last-part", "spectral.cu",
                  "for (; s < parts; ++s, p += items) {", "for (; s + 1 < parts; ++s, p += items) {",
                  "fft_fno", "vector tail", "the partial sums' remainder after the four-at-a-time body misses the "

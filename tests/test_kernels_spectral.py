@@ -9,7 +9,6 @@ H200 at the reference shape."""
 
 import ctypes
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -46,8 +45,13 @@ def test_source_spells_out_each_declared_signature():
 def test_plan_constants_match_the_kernels():
     text = SOURCE.read_text()
     assert int(re.search(r"kModesPerThread = (\d+);", text)[1]) == plans.MODES_PER_THREAD
+    assert int(re.search(r"kChannelsPerThread = (\d+);", text)[1]) == plans.CHANNELS_PER_THREAD
+    assert 2 ** int(re.search(r"kTurn32Limit = int64_t\{1\} << (\d+);", text)[1]) == plans.TURN32_LIMIT
     assert int(re.search(r"kPointsPerThread = (\d+);", text)[1]) == plans.POINTS_PER_THREAD
+    assert int(re.search(r"kOutputsPerThread = (\d+);", text)[1]) == plans.OUTPUTS_PER_THREAD
     assert int(re.search(r"kMaxThreads = (\d+);", text)[1]) >= plans.BLOCK
+    assert int(re.search(r"kTransformBlocks = (\d+);", text)[1]) == plans.TRANSFORM_BLOCKS
+    assert int(re.search(r"kLeanBlocks = (\d+);", text)[1]) == plans.LEAN_BLOCKS
     assert "#include <cufft" not in text.lower()
 
 
@@ -227,26 +231,15 @@ def test_kernels_on_the_emulator_split_to_single_points(emulator, monkeypatch):
     assert problems == [] and split >= 3
 
 
-def test_kernels_on_the_emulator_with_64_bit_turns(tmp_path):
-    """The path of grids past 2^31 (64-bit turns, one mode at a time, the start turn by doubling),
-    forced on every grid by a copy of cuda/ whose 32-bit limit is 0."""
-    from capsule_core.backends.emu import EmuBackend
-    from kernel_emu import GridCappedEmu, PlanRunner
-
-    folder = tmp_path / "cuda"
-    shutil.copytree(cuda_source_dir(), folder)
-    text = (folder / "spectral.cu").read_text()
-    assert text.count("kTurn32Limit = int64_t{1} << 31;") == 1
-    (folder / "spectral.cu").write_text(text.replace("kTurn32Limit = int64_t{1} << 31;", "kTurn32Limit = 0;"))
-
-    class Wide(GridCappedEmu):
-        def __init__(self):
-            EmuBackend.__init__(self, family_dir=folder)
-            self.max_grid = (3, 2)
-
+def test_kernels_on_the_emulator_with_64_bit_turns(emulator, monkeypatch):
+    """The analyses' _wide entry points (64-bit turns, one mode and channel at a time, the start
+    turn by doubling), which the plans launch for grids past 2^31, here for every grid."""
+    monkeypatch.setattr(plans, "TURN32_LIMIT", 0)
     problems = []
     for sample in cases(OP, ("small", "medium")):
-        problems += emulated_problems(PlanRunner(Wide()), OP, sample)
+        fwd = plans.forward(sample.inputs, sample.params)
+        assert fwd.launches[1].symbol == "capsule_fft_fno_fwd_analysis_wide"
+        problems += emulated_problems(emulator, OP, sample)
     assert problems == []
 
 
@@ -294,9 +287,9 @@ def test_reference_shape_fills_an_h200():
     over the grid axis they make one wave of four 256-thread blocks on each of 132 SMs."""
     fwd, bwd = _plans(20, 4096, 64, 64, 16)
     assert [(launch.symbol, launch.grid[0], launch.args[-1]) for launch in fwd.launches[1:3]] == [
-        ("capsule_fft_fno_fwd_analysis", 520, 26), ("capsule_fft_fno_fwd_sum", 320, 26)]
+        ("capsule_fft_fno_fwd_analysis", 520, 52), ("capsule_fft_fno_fwd_sum", 320, 52)]
     assert [(launch.symbol, launch.grid, launch.args[-1]) for launch in bwd.launches[1:3]] == [
-        ("capsule_fft_fno_bwd_spectra", (520, 1, 1), 13), ("capsule_fft_fno_bwd_sum", (640, 1, 1), 13)]
+        ("capsule_fft_fno_bwd_spectra", (520, 1, 1), 26), ("capsule_fft_fno_bwd_sum", (640, 1, 1), 26)]
     for launch in fwd.launches[1:] + bwd.launches[1:]:
         assert launch.grid[0] * launch.grid[1] >= 132, launch.symbol
 

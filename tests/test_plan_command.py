@@ -176,7 +176,7 @@ def test_json_and_text_show_the_same_launches(no_gpu):
         (launch["symbol"], "x".join(map(str, launch["grid"])), "x".join(map(str, launch["block"])))
         for launch in doc["launches"]]
     parts = [launch["arguments"].get("parts") for launch in doc["launches"]]
-    assert parts == [None, 26, 26, None, None] and "parts=26)" in "\n".join(text)
+    assert parts == [None, 52, 52, None, None] and "parts=52)" in "\n".join(text)
     assert doc["inputs"]["w_im"] == [16, 64, 64] and doc["inferred"] == {"w_im": ["w_re", "x"]}
 
 

@@ -8,7 +8,8 @@ capsule_fft_fno_fwd_synthesis writes y. With one part the analysis writes the sp
 no sum launch follows. Backward: the same table kernel, the analyses of x and of g in one
 launch (one grid-stride loop over both) and their sums (capsule_fft_fno_bwd_sum, likewise), the
 mix's adjoint, the synthesis into dx, the weight cotangents. The analyses and syntheses read the table from
-global memory, for any G. No atomics: every sum has a fixed order, whatever the grid.
+global memory, for any G; grids past 2^31 take the analyses' _wide entry points (64-bit turns).
+No atomics: every sum has a fixed order, whatever the grid.
 """
 
 from __future__ import annotations
@@ -32,10 +33,16 @@ MULTIPROCESSORS = 132
 """An H200's: the analysis is split until its threads fill one wave of TRANSFORM_BLOCKS per SM."""
 MIN_SPAN = 32
 """The fewest grid points a part of the analysis covers."""
-MODES_PER_THREAD = 4
-"""cuda/spectral.cu's kModesPerThread: each analysis thread accumulates this many modes."""
-POINTS_PER_THREAD = 4
-"""cuda/spectral.cu's kPointsPerThread: each synthesis thread writes this many grid points."""
+MODES_PER_THREAD = 2
+"""cuda/spectral.cu's kModesPerThread: each analysis thread accumulates this many modes ..."""
+CHANNELS_PER_THREAD = 4
+"""... of kChannelsPerThread channels (c, c + H, c + 2H, ...; H = ⌈C/4⌉): one twiddle load serves four."""
+TURN32_LIMIT = 2**31
+"""kTurn32Limit: longer grids take the analyses' _wide entry points (64-bit turns)."""
+POINTS_PER_THREAD = 2
+"""cuda/spectral.cu's kPointsPerThread: each synthesis thread writes this many grid points ..."""
+OUTPUTS_PER_THREAD = 4
+"""... of kOutputsPerThread channels (o, o + H, ...; H = ⌈O/4⌉): one twiddle load serves four."""
 
 
 def _ceil(a: int, b: int) -> int:
@@ -43,12 +50,12 @@ def _ceil(a: int, b: int) -> int:
 
 
 def analysis_items(batch: int, grid: int, channels: int, modes: int) -> int:
-    """Threads of one part of an analysis: (batch, mode group, channel)."""
-    return batch * _ceil(modes, MODES_PER_THREAD) * channels
+    """Threads of one part of an analysis: (batch, mode group, channel group)."""
+    return batch * _ceil(modes, MODES_PER_THREAD) * _ceil(channels, CHANNELS_PER_THREAD)
 
 
 def synthesis_items(batch: int, grid: int, channels: int, modes: int) -> int:
-    return batch * _ceil(grid, POINTS_PER_THREAD) * channels
+    return batch * _ceil(grid, POINTS_PER_THREAD) * _ceil(channels, OUTPUTS_PER_THREAD)
 
 
 def analysis_parts(items: int, grid: int) -> int:
@@ -75,6 +82,10 @@ def _small(n: int):
     return grid_1d(n, SMALL_BLOCK)
 
 
+def _wide(grid: int) -> str:
+    return "_wide" if grid > TURN32_LIMIT else ""
+
+
 def _twiddles(grid: int) -> Launch:
     return Launch("capsule_fft_fno_fwd_twiddles", *_small(grid), ("table", grid))
 
@@ -91,7 +102,7 @@ def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         buffers += (_f32("partial", "workspace", 2 * parts * b * m * ci),)
     launches = (
         _twiddles(g),
-        Launch("capsule_fft_fno_fwd_analysis", *grid_1d(items * parts, BLOCK),
+        Launch(f"capsule_fft_fno_fwd_analysis{_wide(g)}", *grid_1d(items * parts, BLOCK),
                ("x", "table", "partial" if split else "spectrum", *dims, parts)),
     )
     if split:
@@ -120,7 +131,7 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         buffers += (_f32("xpart", "workspace", 2 * parts * b * m * ci), _f32("gpart", "workspace", 2 * parts * b * m * co))
     launches = (
         _twiddles(g),
-        Launch("capsule_fft_fno_bwd_spectra", *grid_1d(items * parts, BLOCK),
+        Launch(f"capsule_fft_fno_bwd_spectra{_wide(g)}", *grid_1d(items * parts, BLOCK),
                ("x", "g", "table", *(("xpart", "gpart") if split else ("xspec", "gspec")), *dims, parts)),
     )
     if split:
@@ -138,8 +149,8 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
 PLANS = {"fft_fno": (forward, backward)}
 
 
-TRANSFORMS = ("capsule_fft_fno_fwd_analysis", "capsule_fft_fno_fwd_synthesis", "capsule_fft_fno_bwd_spectra",
-              "capsule_fft_fno_bwd_x")
+TRANSFORMS = ("capsule_fft_fno_fwd_analysis", "capsule_fft_fno_fwd_analysis_wide", "capsule_fft_fno_fwd_synthesis",
+              "capsule_fft_fno_bwd_spectra", "capsule_fft_fno_bwd_spectra_wide", "capsule_fft_fno_bwd_x")
 SUMS = ("capsule_fft_fno_fwd_sum", "capsule_fft_fno_bwd_sum")
 
 BUDGET = KernelBudget(

@@ -1,7 +1,8 @@
 // Host harness of cuda/spectral.cuh: fft_fno forward and backward computed with the kernels'
-// per-element functions in the kernels' order (KPT modes per analysis thread over each of `parts`
-// ranges of ⌈G/parts⌉ grid points, the partial spectra added in part order, TPT grid points per
-// synthesis thread, turns advanced by addition from capsule_fno_turn, the twiddle table).
+// per-element functions in the kernels' order (each mode and channel over each of `parts` ranges
+// of ⌈G/parts⌉ grid points in t order, whichever modes and channels a thread groups; the partial
+// spectra added in part order; TPT grid points per synthesis thread; turns advanced by addition
+// from capsule_fno_turn; the twiddle table).
 #include <cstdint>
 #include <vector>
 
@@ -9,8 +10,8 @@
 
 namespace {
 
-constexpr int64_t kModesPerThread = 4;
-constexpr int64_t kPointsPerThread = 4;
+constexpr int64_t kModesPerThread = 2;
+constexpr int64_t kPointsPerThread = 2;
 
 struct Twiddles {
     std::vector<float> c, s;
