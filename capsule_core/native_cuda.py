@@ -37,6 +37,7 @@ _MM = ("int64_t batch", "int64_t m", "int64_t k", "int64_t n")
 _LINEAR = ("int64_t rows", "int64_t in_features", "int64_t out_features")
 _SPLITS = ("int64_t splits",)
 _FNO = ("int64_t batch", "int64_t grid", "int64_t c_in", "int64_t c_out", "int64_t modes")
+_PARTS = ("int64_t parts",)
 _SCAN = ("int64_t batch", "int64_t time", "int64_t dim", "int32_t a_per_token", "int32_t b_per_token")
 
 
@@ -280,10 +281,17 @@ _OPS: dict[BackendOp, _Op] = {
         "spectral", "Native CUDA FFT/FNO kernels.",
         "One FNO-1D spectral block: rfft over the grid, the first M modes mixed by w_re + i·w_im, irfft back (1/G).",
         "dx, dw_re and dw_im through the real-linear adjoints of rfft and irfft.",
-        (("fwd", _in("x", "w_re", "w_im") + _out("y", "spectrum", "mixed") + _FNO + ("int32_t stage",)),
-         ("bwd_spectra", _in("x", "g") + _out("xspec", "gspec") + _FNO),
+        (("fwd_twiddles", _out("table") + ("int64_t grid",)),
+         ("fwd_analysis", _in("x", "table") + _out("spectrum") + _FNO + _PARTS),
+         ("fwd_analysis_wide", _in("x", "table") + _out("spectrum") + _FNO + _PARTS),
+         ("fwd_sum", _in("partial") + _out("spectrum") + _FNO + _PARTS),
+         ("fwd_mix", _in("spectrum", "w_re", "w_im") + _out("mixed") + _FNO),
+         ("fwd_synthesis", _in("mixed", "table") + _out("y") + _FNO),
+         ("bwd_spectra", _in("x", "g", "table") + _out("xspec", "gspec") + _FNO + _PARTS),
+         ("bwd_spectra_wide", _in("x", "g", "table") + _out("xspec", "gspec") + _FNO + _PARTS),
+         ("bwd_sum", _in("xpart", "gpart") + _out("xspec", "gspec") + _FNO + _PARTS),
          ("bwd_mix", _in("gspec", "w_re", "w_im") + _out("gxspec") + _FNO),
-         ("bwd_x", _in("gxspec") + _out("dx") + _FNO),
+         ("bwd_x", _in("gxspec", "table") + _out("dx") + _FNO),
          ("bwd_w", _in("xspec", "gspec") + _out("dw_re", "dw_im") + _FNO))),
     BackendOp.SELECTIVE_SCAN: _Op(
         "scan", "Native CUDA selective scan kernels.",

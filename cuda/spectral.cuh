@@ -3,8 +3,9 @@
 // and its adjoints.
 //
 // Conventions: a twiddle is (cos θ, sin θ) with θ = 2π·r/G, r = (k·t) mod G. Kernels never form
-// k·t: a thread that walks t for a fixed k (or k for a fixed t) adds k (or t) to r and wraps it,
-// so r stays exact for any G that fits in 64 bits.
+// k·t in a loop: a thread that walks t for a fixed k (or k for a fixed t) adds k (or t) to r and
+// wraps it, starting from capsule_fno_turn, so r stays exact for any G that fits in 64 bits. The
+// walk runs in 32-bit unsigned integers when G ≤ 2^31 (r + inc < 2^32), else in 64-bit ones.
 #pragma once
 
 #include <cmath>
@@ -12,10 +13,26 @@
 
 #include "common.cuh"
 
-// r + inc mod G for 0 ≤ r, inc < G.
-CAPSULE_HD int64_t capsule_fno_turn_step(int64_t r, int64_t inc, int64_t G) {
-    r += inc;
-    return r >= G ? r - G : r;
+// r + inc mod G for 0 ≤ r, inc < G (Turn: uint32_t for G ≤ 2^31, uint64_t for any G < 2^63): the
+// unsigned minimum of s = r + inc and s − G, which wraps around above s when s < G.
+template <typename Turn>
+CAPSULE_HD Turn capsule_fno_turn_step(Turn r, Turn inc, Turn G) {
+    const Turn s = r + inc, w = s - G;
+    return w < s ? w : s;
+}
+
+// (k·t) mod G, exact for any k, t ≥ 0 and G ≥ 1 that fit in 64 bits: the product directly when
+// it fits (both reduced below 2^32), else by doubling and adding, each step below G.
+CAPSULE_HD int64_t capsule_fno_turn(int64_t k, int64_t t, int64_t G) {
+    uint64_t a = static_cast<uint64_t>(k % G), b = static_cast<uint64_t>(t % G);
+    const uint64_t g = static_cast<uint64_t>(G);
+    if (g <= 0xFFFFFFFFull) return static_cast<int64_t>(a * b % g);
+    uint64_t r = 0;
+    for (; b != 0; b >>= 1) {
+        if (b & 1) r = r >= g - a ? r - (g - a) : r + a;
+        a = a >= g - a ? a - (g - a) : a + a;
+    }
+    return static_cast<int64_t>(r);
 }
 
 // At a quarter turn (4r a multiple of G, 0 ≤ r < G): the exact (cos, sin) of 2π·r/G, and true.
@@ -28,8 +45,8 @@ CAPSULE_HD bool capsule_fno_quarter_turn(int64_t r, int64_t G, float& c, float& 
 }
 
 // (cos, sin) of 2π·r/G for 0 ≤ r < G, exact (±1, 0) at quarter turns. The angle is reduced to
-// (−π, π] in integers and evaluated in double precision, then rounded to float: this is the
-// twiddle table's entry, computed once per block.
+// (−π, π] in integers and evaluated in double precision, then rounded to float: the twiddle
+// table's entry, computed once per plan (capsule_fft_fno_twiddles).
 CAPSULE_HD void capsule_fno_twiddle(int64_t r, int64_t G, float& c, float& s) {
     if (capsule_fno_quarter_turn(r, G, c, s)) return;
     const int64_t rr = 2 * r > G ? r - G : r;
@@ -37,14 +54,6 @@ CAPSULE_HD void capsule_fno_twiddle(int64_t r, int64_t G, float& c, float& s) {
     sincospi(2.0 * static_cast<double>(rr) / static_cast<double>(G), &sd, &cd);
     c = static_cast<float>(cd);
     s = static_cast<float>(sd);
-}
-
-// The same twiddle in single precision (one rounding of the reduced argument, then sincospif):
-// used on the fly when the grid is too long for a shared-memory table.
-CAPSULE_HD void capsule_fno_twiddle_f(int64_t r, int64_t G, float& c, float& s) {
-    if (capsule_fno_quarter_turn(r, G, c, s)) return;
-    const int64_t rr = 2 * r > G ? r - G : r;
-    sincospif(static_cast<float>(2 * rr) / static_cast<float>(G), &s, &c);
 }
 
 // irfft's weight of bin k: 1 at DC and (even G) Nyquist, 2 elsewhere (the conjugate half).

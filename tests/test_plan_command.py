@@ -175,8 +175,8 @@ def test_json_and_text_show_the_same_launches(no_gpu):
     assert [(r[1], r[2], r[3]) for r in rows] == [
         (launch["symbol"], "x".join(map(str, launch["grid"])), "x".join(map(str, launch["block"])))
         for launch in doc["launches"]]
-    stages = [launch["arguments"]["stage"] for launch in doc["launches"]]
-    assert stages == [0, 1, 2] and "stage=2)" in "\n".join(text)
+    parts = [launch["arguments"].get("parts") for launch in doc["launches"]]
+    assert parts == [None, 52, 52, None, None] and "parts=52)" in "\n".join(text)
     assert doc["inputs"]["w_im"] == [16, 64, 64] and doc["inferred"] == {"w_im": ["w_re", "x"]}
 
 

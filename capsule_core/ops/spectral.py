@@ -178,6 +178,8 @@ EDGES = (
     (2, 15, 3, 3, 8, "edge-all-modes-odd"),
     (1, 12, 5, 1, 4, "edge-batch-1-ci-ne-co"),
     (3, 100, 7, 5, 51, "edge-non-power-of-two"),
+    # the kernels split the analysis over the grid axis: 5 parts of 33 points, the last one of 29
+    (2, 161, 3, 2, 7, "edge-split-short-last-part"),
 )
 
 
