@@ -262,7 +262,8 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA max pooling.",
         "The maximum over each window's real cells: padding and NaN never win; an all-NaN window gives NaN.",
         "g goes to one cell holding its window's maximum, none for an all-NaN window.",
-        (("fwd", _in("x") + _out("y") + _POOL), ("bwd", _in("x", "g") + _out("dx") + _POOL)),
+        (("fwd", _in("x") + _out("y") + _POOL), ("bwd_argmax", _in("x") + ("int64_t* __restrict__ argmax",) + _POOL),
+         ("bwd", ("const int64_t* __restrict__ argmax",) + _in("g") + _out("dx") + _POOL)),
         TensorLayout.CHANNEL_FIRST),
     BackendOp.SMOOTH_MAX_POOL: _Op(
         "conv_pool", "Native CUDA smooth max pooling.",

@@ -40,6 +40,14 @@ CAPSULE_HD float quiet_nan() {
 // A read-only load: through the read-only data cache on the device.
 CAPSULE_HD float ld(const float* p, int64_t i) { return capsule::ldg(p + i); }
 
+CAPSULE_HD int64_t ld(const int64_t* p, int64_t i) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(p + i);
+#else
+    return p[i];
+#endif
+}
+
 // Two floats as one 8-byte shared-memory access.
 struct alignas(8) Float2 {
     float x, y;
@@ -243,17 +251,26 @@ CAPSULE_HD void covering_windows(const PoolGeom& g, const Cell& c, F f) {
             for (int64_t ow = sw.first; ow <= sw.last; ++ow) f(Cell{od, oh, ow}, (od * g.out.h + oh) * g.out.w + ow);
 }
 
-// dx at input element i (flat over (planes, in)): the sum of g over the windows whose first
-// maximum is this cell (each window recomputes its argmax; an all-NaN window gives nothing).
-CAPSULE_HD float max_pool_grad_at(const float* x, const float* gy, const PoolGeom& g, int64_t i) {
-    const int64_t iv = volume(g.in);
+// The first maximum of output window i (flat over (planes, out)), as a flat cell of its plane; -1
+// when every real cell is NaN. The backward's first pass.
+CAPSULE_HD int64_t max_pool_argmax_at(const float* x, const PoolGeom& g, int64_t i) {
+    const int64_t ov = volume(g.out);
+    const int64_t plane = quot(i, ov);
+    return window_max(x + plane * volume(g.in), g, unflatten(i - plane * ov, g.out)).index;
+}
+
+// dx at input element i (flat over (planes, in)): the sum of g, in increasing output order, over
+// the covering windows whose first maximum (argmax, from max_pool_argmax_at) is this cell; an
+// all-NaN window (argmax -1) gives nothing.
+CAPSULE_HD float max_pool_grad_at(const int64_t* argmax, const float* gy, const PoolGeom& g, int64_t i) {
+    const int64_t iv = volume(g.in), ov = volume(g.out);
     const int64_t plane = quot(i, iv);
     const int64_t cell = i - plane * iv;
-    const float* xp = x + plane * iv;
-    const float* gp = gy + plane * volume(g.out);
+    const int64_t* ap = argmax + plane * ov;
+    const float* gp = gy + plane * ov;
     float acc = 0.0f;
-    covering_windows(g, unflatten(cell, g.in), [&](const Cell& o, int64_t oi) {
-        if (window_max(xp, g, o).index == cell) acc = add_rn(acc, ld(gp, oi));
+    covering_windows(g, unflatten(cell, g.in), [&](const Cell&, int64_t oi) {
+        if (ld(ap, oi) == cell) acc = add_rn(acc, ld(gp, oi));
     });
     return acc;
 }

@@ -11,7 +11,8 @@ launch adds in split order (deterministic, no atomics). db is one block per chan
 is a grid-stride loop, so any grid is correct; these ones give every block about one tile.
 
 Pools: one thread per output (forward) or per input cell (backward, a gather over the windows
-covering it).
+covering it). max_pool's backward first writes every window's argmax (its first maximum) to an
+int64 workspace, so that the gather reads one index per covering window instead of the window.
 """
 
 from __future__ import annotations
@@ -179,10 +180,21 @@ def _pool_plans(op: str, backward_reads: tuple[str, ...], float_params: tuple[st
     return forward, backward
 
 
+def _max_pool_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
+    """Every window's first maximum into an int64 workspace (one thread per output), then the
+    gather over the covering windows' argmax (one thread per input cell)."""
+    x, y, scalars = _pool_shapes(inputs, p)
+    buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("g", "input", "float32", _volume(y)),
+               Buffer("dx", "output", "float32", _volume(x)), Buffer("argmax", "workspace", "int64", _volume(y)))
+    launches = (Launch("capsule_max_pool_bwd_argmax", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
+                Launch("capsule_max_pool_bwd", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)))
+    return LaunchPlan("max_pool", "backward", buffers, launches, output_shapes={"dx": x})
+
+
 PLANS = {
     "conv": _conv_plans("conv", False),
     "conv_transpose": _conv_plans("conv_transpose", True),
-    "max_pool": _pool_plans("max_pool", ("x",)),
+    "max_pool": (_pool_plans("max_pool", ())[0], _max_pool_backward),
     "smooth_max_pool": _pool_plans("smooth_max_pool", ("x", "out"), ("beta",)),
     "avg_pool": _pool_plans("avg_pool", ()),
 }
@@ -191,8 +203,13 @@ PLANS = {
 GEMM_MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
 """The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks) by part."""
 
+POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd": 4}
+"""Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
+
 BUDGET = KernelBudget(
     max_registers=register_budget(max(POOL_THREADS, SUM_THREADS)),
-    registers={f"capsule_{op}_{part}": register_budget(GEMM_THREADS, blocks)
-               for op in ("conv", "conv_transpose") for part, blocks in GEMM_MIN_BLOCKS.items()})
-"""The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor; the others fit a block."""
+    registers={**{f"capsule_{op}_{part}": register_budget(GEMM_THREADS, blocks)
+                  for op in ("conv", "conv_transpose") for part, blocks in GEMM_MIN_BLOCKS.items()},
+               **{name: register_budget(POOL_THREADS, blocks) for name, blocks in POOL_MIN_BLOCKS.items()}})
+"""The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor, the POOL_MIN_BLOCKS kernels
+theirs; the others fit a block."""
