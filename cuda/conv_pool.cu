@@ -47,19 +47,21 @@ __device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
     const int64_t tiles = corr_tiles<T>(p), tiles_n = corr_tiles_n<T>(p), steps = corr_steps<T>(p);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int64_t tile_m = quot(t, tiles_n), tile_n = t - tile_m * tiles_n;
-        const CorrRow row = corr_row<T>(p, tile_m, tid);
+        const CorrRow row = corr_row<T, TRANSPOSED>(p, tile_m, tid);
+        CorrCursor cur = corr_start<T, TRANSPOSED>(p, row, tile_n, tid);
         float acc[T::TM][T::TN];
 #pragma unroll
         for (int i = 0; i < T::TM; ++i)
 #pragma unroll
             for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
-        float ra[T::A_PER], rb[T::B_PER];
-        if (steps > 0) corr_load<T, TRANSPOSED>(p, row, 0, tile_n, tid, ra, rb);
+        float ra[T::BK];
+        float4 rb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (steps > 0) corr_load<T, TRANSPOSED>(p, row, cur, ra, rb);
         for (int64_t step = 0; step < steps; ++step) {
             __syncthreads();  // every thread is done reading the previous tiles
             corr_store<T>(ra, rb, As, Bs, tid);
             __syncthreads();
-            if (step + 1 < steps) corr_load<T, TRANSPOSED>(p, row, step + 1, tile_n, tid, ra, rb);
+            if (step + 1 < steps) corr_load<T, TRANSPOSED>(p, row, cur, ra, rb);
             corr_product<T>(As, Bs, tid, acc);
         }
         corr_epilogue<T>(p, tile_m, tile_n, tid, acc);
@@ -68,6 +70,13 @@ __device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
 
 template <bool TRANSPOSED>
 __device__ __forceinline__ void corr(const CorrProblem& p) { corr_gemm<CorrTiles, TRANSPOSED>(p); }
+
+// The GEMM's packed weights (corr_packed_at) from w.
+template <bool TRANSPOSED>
+__device__ __forceinline__ void corr_pack(const float* __restrict__ w, float* __restrict__ packed, const CorrProblem& p) {
+    using T = CorrTiles;
+    CAPSULE_GRID_STRIDE(e, corr_rows<T>(p) * corr_cols<T>(p)) packed[e] = corr_packed_at<T, TRANSPOSED>(w, p, e);
+}
 
 __device__ __forceinline__ void weight_gemm(const WeightProblem& p) {
     using T = WeightTile;
@@ -138,14 +147,24 @@ __device__ __forceinline__ void split_sums(const float* __restrict__ partial, fl
 }  // namespace
 
 // -- conv -------------------------------------------------------------------------------------
+//
+// Each GEMM reads its weights packed by the launch before it (_pack).
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    corr<false>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ void capsule_conv_fwd_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr_pack<false>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // dx = the adjoint of the correlation: a gather from the windows that touch each cell of x.
-    corr<true>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd(const float* __restrict__ x, const float* __restrict__ packed, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false>(CorrProblem{x, packed, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+// dx = the adjoint of the correlation: a gather from the windows that touch each cell of x.
+extern "C" __global__ void capsule_conv_bwd_x_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr_pack<true>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_bwd_x(const float* __restrict__ g, const float* __restrict__ packed, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<true>(CorrProblem{g, packed, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
 extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {
@@ -162,14 +181,22 @@ extern "C" __global__ void capsule_conv_bwd_b(const float* __restrict__ g, float
 
 // -- conv_transpose ---------------------------------------------------------------------------
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // conv's dx with the roles of the operands swapped, plus the bias.
-    corr<true>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+// The forward: conv's dx with the roles of the operands swapped, plus the bias.
+extern "C" __global__ void capsule_conv_transpose_fwd_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr_pack<true>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // conv's forward (no bias) of g: w (c_in, c_out, k) is a correlation weight from c_out to c_in channels.
-    corr<false>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_fwd(const float* __restrict__ x, const float* __restrict__ packed, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<true>(CorrProblem{x, packed, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+// dx: conv's forward (no bias) of g; w (c_in, c_out, k) is a correlation weight from c_out to c_in channels.
+extern "C" __global__ void capsule_conv_transpose_bwd_x_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr_pack<false>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x(const float* __restrict__ g, const float* __restrict__ packed, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false>(CorrProblem{g, packed, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
 extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_transpose_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {

@@ -350,19 +350,24 @@ def test_plans_are_legal_for_every_sample(op):
 
 
 def test_large_conv_sample_launch_shape():
-    """The large conv sample (8, 32, 64, 64) * (32, 32, 3, 3): 256 forward tiles of 128 × 32; dw
-    split so that its 9 tiles become a few hundred blocks."""
+    """The large conv sample (8, 32, 64, 64) * (32, 32, 3, 3): the weights packed (9 kernel offsets
+    × 32 channels by 32 columns), then 256 forward tiles of 128 × 32; dw split so that its 9 tiles
+    become a few hundred blocks."""
     spec = get_spec("conv")
     (sample,) = spec.samples("large", seeded_rng("conv", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    (fwd,) = plans.PLANS["conv"][0](arrays, p).launches
-    assert fwd.grid == (256, 1, 1) and fwd.block == (128, 1, 1)
+    forward = plans.PLANS["conv"][0](arrays, p)
+    pack, fwd = forward.launches
+    assert pack.symbol == "capsule_conv_fwd_pack"
+    assert forward.buffer("packed").elements == 9 * 32 * 32
+    assert fwd.symbol == "capsule_conv_fwd" and fwd.grid == (256, 1, 1) and fwd.block == (128, 1, 1)
     bwd = plans.PLANS["conv"][1](arrays, p)
     by_symbol = {launch.symbol: launch for launch in bwd.launches}
     splits = by_symbol["capsule_conv_bwd_w"].args[-1]
     assert splits > 1 and 256 <= by_symbol["capsule_conv_bwd_w"].grid[0] <= 1024
-    assert [launch.symbol for launch in bwd.launches] == ["capsule_conv_bwd_x", "capsule_conv_bwd_w",
-                                                          "capsule_conv_bwd_wsum", "capsule_conv_bwd_b"]
+    assert [launch.symbol for launch in bwd.launches] == ["capsule_conv_bwd_x_pack", "capsule_conv_bwd_x",
+                                                          "capsule_conv_bwd_w", "capsule_conv_bwd_wsum",
+                                                          "capsule_conv_bwd_b"]
 
 
 def test_planted_launch_faults_are_caught():
@@ -370,7 +375,7 @@ def test_planted_launch_faults_are_caught():
     (sample,) = spec.samples("large", seeded_rng("conv", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
     plan = plans.PLANS["conv"][1](arrays, p)
-    launch = plan.launches[1]
+    launch = plan.launches[2]
     assert launch.symbol == "capsule_conv_bwd_w"
     assert missed_faults(plan, symbols("conv"), [
         ("2048 threads", {"block": (2048, 1, 1)}),
@@ -379,4 +384,4 @@ def test_planted_launch_faults_are_caught():
         ("needs a number", {"args": (*launch.args[:-1], "dw")}),
         ("not declared", {"symbol": "capsule_max_pool_bwd"}),
         ("grid dimension 0", {"grid": (0, 1, 1)}),
-    ], index=1) == []
+    ], index=2) == []

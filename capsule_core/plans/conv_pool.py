@@ -4,7 +4,9 @@ Every spatial rank is passed padded to 3-D (d, h, w): a missing leading axis has
 kernel 1, stride 1 and padding 0, so one kernel serves ranks 1 to 3.
 
 conv and conv_transpose are implicit GEMMs of 128-thread blocks. The forward and dx kernels
-tile (positions × channels) by CORR_TILE; the dw kernel tiles (channels × channels) at one
+tile (positions × channels) by CORR_TILE and read the weights packed by a launch before them
+into a workspace (reduction rows × output channels, so that their loads are coalesced float4).
+The dw kernel tiles (channels × channels) at one
 kernel offset by WEIGHT_TILE and splits its long reduction over positions into `splits` ranges
 when the tiles alone would leave the GPU idle: the partial tiles go to a workspace that a second
 launch adds in split order (deterministic, no atomics). db is one block per channel. Every grid
@@ -27,6 +29,8 @@ from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 GEMM_THREADS = 128
 CORR_TILE = (128, 32)
 """Rows (output positions) × columns (output channels) of a forward / dx block tile."""
+CORR_BK = 16
+"""Reduction rows per step of a forward / dx GEMM."""
 WEIGHT_TILE = (32, 32, 32)
 """Channels of the windowed operand × channels of the positional operand × positions per step (dw)."""
 SUM_THREADS = 256
@@ -93,6 +97,23 @@ def corr_grid(rows: int, channels: int) -> tuple[int, int, int]:
     return (max(1, min(tiles, MAX_BLOCKS)), 1, 1)
 
 
+def packed_elements(reduction_channels: int, out_channels: int, kernel_volume: int) -> int:
+    """The packed weights of a forward / dx GEMM: kernel_volume · (the channels rounded up to
+    CORR_BK) rows by out_channels padded to a multiple of CORR_TILE[1] (corr_rows, corr_cols in
+    conv_pool.cuh)."""
+    return kernel_volume * _cdiv(reduction_channels, CORR_BK) * CORR_BK * _cdiv(out_channels, CORR_TILE[1]) * CORR_TILE[1]
+
+
+def corr_launches(symbol: str, operands: tuple[str, ...], reduction_channels: int, out_channels: int,
+                  kernel_volume: int, rows: int, scalars: tuple) -> tuple[Buffer, Launch, Launch]:
+    """The workspace `packed`, the launch that packs the weights into it, then the GEMM: operands
+    are the GEMM's buffer arguments, "packed" in the weights' place."""
+    count = packed_elements(reduction_channels, out_channels, kernel_volume)
+    return (Buffer("packed", "workspace", "float32", count),
+            Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars)),
+            Launch(symbol, corr_grid(rows, out_channels), (GEMM_THREADS, 1, 1), (*operands, *scalars)))
+
+
 def weight_splits(positions: int, x_channels: int, g_channels: int, kernel_volume: int) -> int:
     """How many position ranges the dw reduction is split into (1: no partials)."""
     tiles = _cdiv(x_channels, WEIGHT_TILE[0]) * _cdiv(g_channels, WEIGHT_TILE[1]) * kernel_volume
@@ -107,11 +128,11 @@ def _conv_plans(op: str, transposed: bool):
     def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
         y = (x[0], c_out, *out)
+        packed, *launches = corr_launches(f"capsule_{op}_fwd", ("x", "packed", "b", "out"), x[1], c_out,
+                                          _volume(w[2:]), x[0] * _volume(out), scalars)
         buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("w", "input", "float32", _volume(w)),
-                   Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)))
-        launch = Launch(f"capsule_{op}_fwd", corr_grid(x[0] * _volume(out), c_out), (GEMM_THREADS, 1, 1),
-                        ("x", "w", "b", "out", *scalars))
-        return LaunchPlan(op, "forward", buffers, (launch,), output_shapes={"out": y})
+                   Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)), packed)
+        return LaunchPlan(op, "forward", buffers, tuple(launches), output_shapes={"out": y})
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
@@ -127,7 +148,10 @@ def _conv_plans(op: str, transposed: bool):
                    Buffer("dw", "output", "float32", count), Buffer("db", "output", "float32", c_out)]
         weight_tiles = _cdiv(x_channels, WEIGHT_TILE[0]) * _cdiv(g_channels, WEIGHT_TILE[1]) * kv * splits
         weight_grid = (max(1, min(weight_tiles, MAX_BLOCKS)), 1, 1)
-        launches = [Launch(f"capsule_{op}_bwd_x", corr_grid(n * _volume(x[2:]), c_in), block, ("g", "w", "dx", *scalars))]
+        # dx is a GEMM over the c_out channels of g into the c_in channels of x.
+        packed, *launches = corr_launches(f"capsule_{op}_bwd_x", ("g", "packed", "dx"), c_out, c_in, kv,
+                                          n * _volume(x[2:]), scalars)
+        buffers.append(packed)
         if splits == 1:
             # The kernel writes dw directly and never touches `partial`.
             launches.append(Launch(f"capsule_{op}_bwd_w", weight_grid, block, ("x", "g", "dw", "dw", *scalars, 1)))
@@ -200,16 +224,16 @@ PLANS = {
 }
 
 
-GEMM_MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
-"""The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks) by part."""
+GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_bwd_x": 4, "capsule_conv_bwd_w": 6,
+                   "capsule_conv_transpose_fwd": 4, "capsule_conv_transpose_bwd_x": 4, "capsule_conv_transpose_bwd_w": 6}
+"""The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
 
 POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd": 4}
 """Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
 
 BUDGET = KernelBudget(
     max_registers=register_budget(max(POOL_THREADS, SUM_THREADS)),
-    registers={**{f"capsule_{op}_{part}": register_budget(GEMM_THREADS, blocks)
-                  for op in ("conv", "conv_transpose") for part, blocks in GEMM_MIN_BLOCKS.items()},
+    registers={**{name: register_budget(GEMM_THREADS, blocks) for name, blocks in GEMM_MIN_BLOCKS.items()},
                **{name: register_budget(POOL_THREADS, blocks) for name, blocks in POOL_MIN_BLOCKS.items()}})
 """The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor, the POOL_MIN_BLOCKS kernels
 theirs; the others fit a block."""
