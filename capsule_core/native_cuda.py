@@ -48,8 +48,8 @@ def _out(*names: str) -> tuple[str, ...]:
     return tuple(f"float* __restrict__ {n}" for n in names)
 
 
-_PACK = _in("weight") + _out("packed") + _CONV
-"""conv_pool: an implicit GEMM's weights packed for its reduction order."""
+_PACK = _in("weight") + _out("packed") + _CONV + ("int32_t flat",)
+"""conv_pool: an implicit GEMM's weights packed for its reduction order (flat: a correlation over < 16 channels)."""
 _KSUM = _in("partial") + _out("out") + ("int64_t count",) + _SPLITS
 _GEMV = _in("x", "w", "b") + _out("y") + _LINEAR + ("int32_t k_warps",)
 
@@ -246,7 +246,8 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA generic channel-first convolution.",
         "Cross-correlation of x (N, Ci, …) with w (Co, Ci, k…) plus b, spatial rank 1 to 3, per-axis stride and zero padding.",
         "dx, dw and db of the cross-correlation, as PyTorch's convNd.",
-        (("fwd_pack", _PACK), ("fwd", _in("x", "packed", "b") + _out("y") + _CONV), ("bwd_x_pack", _PACK),
+        (("fwd_pack", _PACK), ("fwd", _in("x", "packed", "b") + _out("y") + _CONV),
+         ("fwd_flat", _in("x", "packed", "b") + _out("y") + _CONV), ("bwd_x_pack", _PACK),
          ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
          ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
          ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
@@ -257,7 +258,7 @@ _OPS: dict[BackendOp, _Op] = {
         "The adjoint of conv in x applied to x (N, Ci, …) with w (Ci, Co, k…), plus b; length (in − 1)·s + k − 2p.",
         "dx, dw and db of the transposed convolution, as PyTorch's conv_transposeNd.",
         (("fwd_pack", _PACK), ("fwd", _in("x", "packed", "b") + _out("y") + _CONV), ("bwd_x_pack", _PACK),
-         ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
+         ("bwd_x", _in("g", "packed") + _out("dx") + _CONV), ("bwd_x_flat", _in("g", "packed") + _out("dx") + _CONV),
          ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
          ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
          ("bwd_b", _in("g") + _out("db") + _CONV)),

@@ -84,6 +84,9 @@ CAPSULE_HD Cell unflatten(int64_t pos, const Dims3& s) {
 
 CAPSULE_HD int64_t flatten(const Cell& c, const Dims3& s) { return (c.d * s.h + c.h) * s.w + c.w; }
 
+// 0 <= i < n.
+CAPSULE_HD bool inside(int64_t i, int64_t n) { return static_cast<uint64_t>(i) < static_cast<uint64_t>(n); }
+
 // Kernel, stride and padding per axis.
 struct Window {
     Dims3 k, s, p;
@@ -365,9 +368,11 @@ CAPSULE_HD void tile_product(const float* As, const float* Bs, int row0, int col
 // Block tile BM × BN, reduction tile BK, each of the 128 threads TM × TN outputs.
 //
 // The GEMM reads W packed by a first launch (corr_packed_at): row r = k·group + ic, column oc,
-// with group = ic rounded up to BK, so that a reduction step (one kernel offset, BK channels) has
-// its weights in BK whole rows of BN consecutive floats (one float4 per thread). A row's source
-// cell is found once per kernel offset; each further channel chunk moves its pointer BK planes.
+// so that a reduction step's weights are BK whole rows of BN consecutive floats (one float4 per
+// thread). With ic >= BK the group is ic rounded up to BK: each step is one kernel offset and BK
+// channels, and a row's source cell is found once per kernel offset. With ic < BK (the stem
+// conv's 3 channels) the reduction is flattened: group = ic, a step spans BK (kernel offset,
+// channel) pairs, none of them zero padding. Both orders add the same products in the same order.
 struct CorrProblem {
     const float* in;
     const float* w;     // the packed weights
@@ -400,20 +405,22 @@ CAPSULE_HD int64_t corr_tiles(const CorrProblem& p) {
 
 // Packed rows per kernel offset, rows (a multiple of BK) and columns (a multiple of BN).
 template <class T>
-CAPSULE_HD int64_t corr_group(const CorrProblem& p) { return ceil_div(p.ic, T::BK) * T::BK; }
+CAPSULE_HD int64_t corr_group(const CorrProblem& p, bool flat) { return flat ? p.ic : ceil_div(p.ic, T::BK) * T::BK; }
 template <class T>
-CAPSULE_HD int64_t corr_rows(const CorrProblem& p) { return volume(p.win.k) * corr_group<T>(p); }
+CAPSULE_HD int64_t corr_rows(const CorrProblem& p, bool flat) {
+    return ceil_div(volume(p.win.k) * corr_group<T>(p, flat), T::BK) * T::BK;
+}
 template <class T>
 CAPSULE_HD int64_t corr_cols(const CorrProblem& p) { return corr_tiles_n<T>(p) * T::BN; }
 
 // Reduction steps of BK packed rows.
 template <class T>
-CAPSULE_HD int64_t corr_steps(const CorrProblem& p) { return corr_rows<T>(p) / T::BK; }
+CAPSULE_HD int64_t corr_steps(const CorrProblem& p, bool flat) { return corr_rows<T>(p, flat) / T::BK; }
 
 // Element e of the packed weights (flat over rows × columns) from w; zero in the padding.
 template <class T, bool TRANSPOSED>
-CAPSULE_HD float corr_packed_at(const float* w, const CorrProblem& p, int64_t e) {
-    const int64_t cols = corr_cols<T>(p), group = corr_group<T>(p), kv = volume(p.win.k);
+CAPSULE_HD float corr_packed_at(const float* w, const CorrProblem& p, bool flat, int64_t e) {
+    const int64_t cols = corr_cols<T>(p), group = corr_group<T>(p, flat), kv = volume(p.win.k);
     const int64_t r = quot(e, cols), oc = e - r * cols;
     const int64_t kidx = quot(r, group), ic = r - kidx * group;
     if (oc >= p.oc || ic >= p.ic || kidx >= kv) return 0.0f;
@@ -451,21 +458,26 @@ CAPSULE_HD int64_t corr_source(const CorrProblem& p, const CorrRow& row, const C
 }
 
 // A thread's place in the reduction of one tile: the next kernel offset and channel to load, and
-// the pointer to the row's source cell at that channel.
+// (unflattened) the pointer to the row's source cell at that channel.
 struct CorrCursor {
-    const float* a;  // the row's source cell at channel c (meaningful when live)
+    const float* a;  // unflattened: the row's source cell at channel c (meaningful when live)
     const float* b;  // this thread's float4 of the next step's weight tile
     int64_t c;       // next channel
     Cell k;          // next kernel offset
-    bool live;       // the row is valid and its source cell real
+    int64_t off;     // flattened correlation: c·plane + flatten(k), the offset from the window origin
+    bool live;       // unflattened: the row is valid and its source cell real
 };
 
-// Moves to the next kernel offset k (row-major).
-CAPSULE_HD void next_offset(const Dims3& kernel, Cell& k) {
+// Moves to the next kernel offset k (row-major), and `off`, flat over the cells of `in`, by the
+// same step.
+CAPSULE_HD void next_offset(const Dims3& kernel, const Dims3& in, Cell& k, int64_t& off) {
+    ++off;
     if (++k.w < kernel.w) return;
     k.w = 0;
+    off += in.w - kernel.w;
     if (++k.h < kernel.h) return;
     k.h = 0;
+    off += (in.h - kernel.h) * in.w;
     ++k.d;
 }
 
@@ -479,19 +491,37 @@ CAPSULE_HD void corr_seek(const CorrProblem& p, const CorrRow& row, CorrCursor& 
 
 // The cursor at the first step of tile column tile_n: the weights' float4 of this thread is
 // packed row tid / (BN/4), columns 4·(tid % (BN/4)).
-template <class T, bool TRANSPOSED>
+template <class T, bool FLAT, bool TRANSPOSED>
 CAPSULE_HD CorrCursor corr_start(const CorrProblem& p, const CorrRow& row, int64_t tile_n, int tid) {
     const float* b = p.w + (tid / (T::BN / 4)) * corr_cols<T>(p) + tile_n * T::BN + 4 * (tid % (T::BN / 4));
-    CorrCursor cur{p.in, b, 0, Cell{0, 0, 0}, false};
-    corr_seek<TRANSPOSED>(p, row, cur);
+    CorrCursor cur{p.in, b, 0, Cell{0, 0, 0}, 0, false};
+    if (!FLAT) corr_seek<TRANSPOSED>(p, row, cur);
     return cur;
 }
 
 // The next reduction step's patch values of this thread's row into ra (zero for padding, an
 // invalid row, or past the last channel or kernel offset), and the cursor moved past them.
-template <class T, bool TRANSPOSED>
+template <class T, bool FLAT, bool TRANSPOSED>
 CAPSULE_HD void corr_load_a(const CorrProblem& p, const CorrRow& row, CorrCursor& cur, float (&ra)[T::BK]) {
+    static_assert(!(FLAT && TRANSPOSED), "flattened correlations only");
     const int64_t plane = volume(p.is);
+    if (FLAT) {
+        // Cell origin + k at channel c: its offset from the origin's cell at channel 0 is the
+        // same in every row (cur.off, stepped along); only the bounds are the row's.
+#pragma unroll
+        for (int j = 0; j < T::BK; ++j) {
+            const bool real = row.valid && cur.k.d < p.win.k.d && inside(row.org.d + cur.k.d, p.is.d) &&
+                              inside(row.org.h + cur.k.h, p.is.h) && inside(row.org.w + cur.k.w, p.is.w);
+            ra[j] = real ? ld(p.in, row.base + cur.off) : 0.0f;
+            cur.off += plane;
+            if (++cur.c == p.ic) {
+                cur.c = 0;
+                cur.off -= p.ic * plane;
+                next_offset(p.win.k, p.is, cur.k, cur.off);
+            }
+        }
+        return;
+    }
     const int64_t left = cur.live ? p.ic - cur.c : 0;
     const float* a = cur.a;
     if (left >= T::BK) {
@@ -505,15 +535,15 @@ CAPSULE_HD void corr_load_a(const CorrProblem& p, const CorrRow& row, CorrCursor
     cur.c += T::BK;
     if (cur.c >= p.ic) {
         cur.c = 0;
-        next_offset(p.win.k, cur.k);
+        next_offset(p.win.k, p.is, cur.k, cur.off);
         if (cur.k.d < p.win.k.d) corr_seek<TRANSPOSED>(p, row, cur);
     }
 }
 
 // The next reduction step into registers: patch values and weights.
-template <class T, bool TRANSPOSED>
+template <class T, bool FLAT, bool TRANSPOSED>
 CAPSULE_HD void corr_load(const CorrProblem& p, const CorrRow& row, CorrCursor& cur, float (&ra)[T::BK], float4& rb) {
-    corr_load_a<T, TRANSPOSED>(p, row, cur, ra);
+    corr_load_a<T, FLAT, TRANSPOSED>(p, row, cur, ra);
     rb = load4(cur.b, 0);
     cur.b += T::BK * corr_cols<T>(p);
 }
@@ -532,9 +562,9 @@ CAPSULE_HD int corr_tm(int tid) { return tid / (T::BN / T::TN); }
 template <class T>
 CAPSULE_HD int corr_tn(int tid) { return tid % (T::BN / T::TN); }
 
-template <class T>
+template <class T, int UNROLL>
 CAPSULE_HD void corr_product(const float* As, const float* Bs, int tid, float (&acc)[T::TM][T::TN]) {
-    tile_product<T::BK, T::TM, T::TN, T::BM, T::BN, 8>(As, Bs, corr_tm<T>(tid) * T::TM, corr_tn<T>(tid) * T::TN, acc);
+    tile_product<T::BK, T::TM, T::TN, T::BM, T::BN, UNROLL>(As, Bs, corr_tm<T>(tid) * T::TM, corr_tn<T>(tid) * T::TN, acc);
 }
 
 // acc (+ bias) -> out; four consecutive positions as one 16-byte store when they share a sample

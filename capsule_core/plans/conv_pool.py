@@ -5,8 +5,10 @@ kernel 1, stride 1 and padding 0, so one kernel serves ranks 1 to 3.
 
 conv and conv_transpose are implicit GEMMs of 128-thread blocks. The forward and dx kernels
 tile (positions × channels) by CORR_TILE and read the weights packed by a launch before them
-into a workspace (reduction rows × output channels, so that their loads are coalesced float4).
-The dw kernel tiles (channels × channels) at one
+into a workspace (reduction rows × output channels, so that their loads are coalesced float4);
+a correlation (conv forward, conv_transpose dx) over fewer than CORR_BK channels (the stem conv's
+3) takes its _flat kernel, whose reduction steps run over (kernel offset, channel) pairs instead
+of one kernel offset's zero-padded channel chunk. The dw kernel tiles (channels × channels) at one
 kernel offset by WEIGHT_TILE and splits its long reduction over positions into `splits` ranges
 when the tiles alone would leave the GPU idle: the partial tiles go to a workspace that a second
 launch adds in split order (deterministic, no atomics). db is one block per channel. Every grid
@@ -97,21 +99,31 @@ def corr_grid(rows: int, channels: int) -> tuple[int, int, int]:
     return (max(1, min(tiles, MAX_BLOCKS)), 1, 1)
 
 
-def packed_elements(reduction_channels: int, out_channels: int, kernel_volume: int) -> int:
-    """The packed weights of a forward / dx GEMM: kernel_volume · (the channels rounded up to
-    CORR_BK) rows by out_channels padded to a multiple of CORR_TILE[1] (corr_rows, corr_cols in
-    conv_pool.cuh)."""
-    return kernel_volume * _cdiv(reduction_channels, CORR_BK) * CORR_BK * _cdiv(out_channels, CORR_TILE[1]) * CORR_TILE[1]
+def corr_flat(reduction_channels: int, correlation: bool) -> bool:
+    """Flatten (kernel offset, channel) into one reduction index when a channel chunk would be
+    mostly zero padding: correlations only (conv forward, conv_transpose dx), whose flattened
+    gather is an offset walk; the transposed ones would need a division per element."""
+    return correlation and reduction_channels < CORR_BK
+
+
+def packed_elements(reduction_channels: int, out_channels: int, kernel_volume: int, flat: bool) -> int:
+    """The packed weights of a forward / dx GEMM: kernel_volume · group rows (group: the channels,
+    rounded up to CORR_BK unless flattened) padded to a multiple of CORR_BK, by out_channels
+    padded to a multiple of CORR_TILE[1] (corr_rows, corr_cols in conv_pool.cuh)."""
+    group = reduction_channels if flat else _cdiv(reduction_channels, CORR_BK) * CORR_BK
+    return _cdiv(kernel_volume * group, CORR_BK) * CORR_BK * _cdiv(out_channels, CORR_TILE[1]) * CORR_TILE[1]
 
 
 def corr_launches(symbol: str, operands: tuple[str, ...], reduction_channels: int, out_channels: int,
-                  kernel_volume: int, rows: int, scalars: tuple) -> tuple[Buffer, Launch, Launch]:
-    """The workspace `packed`, the launch that packs the weights into it, then the GEMM: operands
-    are the GEMM's buffer arguments, "packed" in the weights' place."""
-    count = packed_elements(reduction_channels, out_channels, kernel_volume)
+                  kernel_volume: int, rows: int, correlation: bool, scalars: tuple) -> tuple[Buffer, Launch, Launch]:
+    """The workspace `packed`, the launch that packs the weights into it, then the GEMM (its _flat
+    kernel when corr_flat): operands are the GEMM's buffer arguments, "packed" in the weights' place."""
+    flat = corr_flat(reduction_channels, correlation)
+    count = packed_elements(reduction_channels, out_channels, kernel_volume, flat)
     return (Buffer("packed", "workspace", "float32", count),
-            Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars)),
-            Launch(symbol, corr_grid(rows, out_channels), (GEMM_THREADS, 1, 1), (*operands, *scalars)))
+            Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars, int(flat))),
+            Launch(f"{symbol}_flat" if flat else symbol, corr_grid(rows, out_channels), (GEMM_THREADS, 1, 1),
+                   (*operands, *scalars)))
 
 
 def weight_splits(positions: int, x_channels: int, g_channels: int, kernel_volume: int) -> int:
@@ -129,7 +141,7 @@ def _conv_plans(op: str, transposed: bool):
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
         y = (x[0], c_out, *out)
         packed, *launches = corr_launches(f"capsule_{op}_fwd", ("x", "packed", "b", "out"), x[1], c_out,
-                                          _volume(w[2:]), x[0] * _volume(out), scalars)
+                                          _volume(w[2:]), x[0] * _volume(out), not transposed, scalars)
         buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("w", "input", "float32", _volume(w)),
                    Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)), packed)
         return LaunchPlan(op, "forward", buffers, tuple(launches), output_shapes={"out": y})
@@ -150,7 +162,7 @@ def _conv_plans(op: str, transposed: bool):
         weight_grid = (max(1, min(weight_tiles, MAX_BLOCKS)), 1, 1)
         # dx is a GEMM over the c_out channels of g into the c_in channels of x.
         packed, *launches = corr_launches(f"capsule_{op}_bwd_x", ("g", "packed", "dx"), c_out, c_in, kv,
-                                          n * _volume(x[2:]), scalars)
+                                          n * _volume(x[2:]), transposed, scalars)
         buffers.append(packed)
         if splits == 1:
             # The kernel writes dw directly and never touches `partial`.
@@ -224,8 +236,9 @@ PLANS = {
 }
 
 
-GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_bwd_x": 4, "capsule_conv_bwd_w": 6,
-                   "capsule_conv_transpose_fwd": 4, "capsule_conv_transpose_bwd_x": 4, "capsule_conv_transpose_bwd_w": 6}
+GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_fwd_flat": 4, "capsule_conv_bwd_x": 4, "capsule_conv_bwd_w": 6,
+                   "capsule_conv_transpose_fwd": 4, "capsule_conv_transpose_bwd_x": 4,
+                   "capsule_conv_transpose_bwd_x_flat": 4, "capsule_conv_transpose_bwd_w": 6}
 """The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
 
 POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd": 4}
