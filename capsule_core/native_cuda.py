@@ -49,6 +49,8 @@ def _out(*names: str) -> tuple[str, ...]:
     return tuple(f"float* __restrict__ {n}" for n in names)
 
 
+_PACK = _in("weight") + _out("packed") + _CONV + ("int32_t flat",)
+"""conv_pool: an implicit GEMM's weights packed for its reduction order (flat: a correlation over < 16 channels)."""
 _KSUM = _in("partial") + _out("out") + ("int64_t count",) + _SPLITS
 _GEMV = _in("x", "w", "b") + _out("y") + _LINEAR + ("int32_t k_warps",)
 
@@ -245,7 +247,9 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA generic channel-first convolution.",
         "Cross-correlation of x (N, Ci, …) with w (Co, Ci, k…) plus b, spatial rank 1 to 3, per-axis stride and zero padding.",
         "dx, dw and db of the cross-correlation, as PyTorch's convNd.",
-        (("fwd", _in("x", "weight", "b") + _out("y") + _CONV), ("bwd_x", _in("g", "weight") + _out("dx") + _CONV),
+        (("fwd_pack", _PACK), ("fwd", _in("x", "packed", "b") + _out("y") + _CONV),
+         ("fwd_flat", _in("x", "packed", "b") + _out("y") + _CONV), ("bwd_x_pack", _PACK),
+         ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
          ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
          ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
          ("bwd_b", _in("g") + _out("db") + _CONV)),
@@ -254,7 +258,8 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA generic channel-first transpose convolution.",
         "The adjoint of conv in x applied to x (N, Ci, …) with w (Ci, Co, k…), plus b; length (in − 1)·s + k − 2p.",
         "dx, dw and db of the transposed convolution, as PyTorch's conv_transposeNd.",
-        (("fwd", _in("x", "weight", "b") + _out("y") + _CONV), ("bwd_x", _in("g", "weight") + _out("dx") + _CONV),
+        (("fwd_pack", _PACK), ("fwd", _in("x", "packed", "b") + _out("y") + _CONV), ("bwd_x_pack", _PACK),
+         ("bwd_x", _in("g", "packed") + _out("dx") + _CONV), ("bwd_x_flat", _in("g", "packed") + _out("dx") + _CONV),
          ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
          ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
          ("bwd_b", _in("g") + _out("db") + _CONV)),
@@ -263,7 +268,8 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA max pooling.",
         "The maximum over each window's real cells: padding and NaN never win; an all-NaN window gives NaN.",
         "g goes to one cell holding its window's maximum, none for an all-NaN window.",
-        (("fwd", _in("x") + _out("y") + _POOL), ("bwd", _in("x", "g") + _out("dx") + _POOL)),
+        (("fwd", _in("x") + _out("y") + _POOL), ("bwd_argmax", _in("x") + ("int64_t* __restrict__ argmax",) + _POOL),
+         ("bwd", ("const int64_t* __restrict__ argmax",) + _in("g") + _out("dx") + _POOL)),
         TensorLayout.CHANNEL_FIRST),
     BackendOp.SMOOTH_MAX_POOL: _Op(
         "conv_pool", "Native CUDA smooth max pooling.",

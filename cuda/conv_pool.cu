@@ -37,37 +37,47 @@ __device__ __forceinline__ bool block_is(int threads) {
     return blockDim.x == static_cast<unsigned>(threads) && blockDim.y == 1 && blockDim.z == 1;
 }
 
-// One correlation-shaped GEMM (see CorrProblem) with tile shape T.
-template <class T, bool TRANSPOSED>
+// One correlation-shaped GEMM (see CorrProblem) with tile shape T, its reduction flattened or not.
+template <class T, bool FLAT, bool TRANSPOSED>
 __device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
     alignas(16) __shared__ float As[T::BK * T::BM];
     alignas(16) __shared__ float Bs[T::BK * T::BN];
     if (!block_is(kGemmThreads)) return;
     const int tid = static_cast<int>(threadIdx.x);
-    const int64_t tiles = corr_tiles<T>(p), tiles_n = corr_tiles_n<T>(p), steps = corr_steps<T>(p);
+    const int64_t tiles = corr_tiles<T>(p), tiles_n = corr_tiles_n<T>(p), steps = corr_steps<T>(p, FLAT);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int64_t tile_m = quot(t, tiles_n), tile_n = t - tile_m * tiles_n;
-        const CorrRow row = corr_row<T>(p, tile_m, tid);
+        const CorrRow row = corr_row<T, TRANSPOSED>(p, tile_m, tid);
+        CorrCursor cur = corr_start<T, FLAT, TRANSPOSED>(p, row, tile_n, tid);
         float acc[T::TM][T::TN];
 #pragma unroll
         for (int i = 0; i < T::TM; ++i)
 #pragma unroll
             for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
-        float ra[T::A_PER], rb[T::B_PER];
-        if (steps > 0) corr_load<T, TRANSPOSED>(p, row, 0, tile_n, tid, ra, rb);
+        float ra[T::BK];
+        float4 rb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (steps > 0) corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
         for (int64_t step = 0; step < steps; ++step) {
             __syncthreads();  // every thread is done reading the previous tiles
             corr_store<T>(ra, rb, As, Bs, tid);
             __syncthreads();
-            if (step + 1 < steps) corr_load<T, TRANSPOSED>(p, row, step + 1, tile_n, tid, ra, rb);
-            corr_product<T>(As, Bs, tid, acc);
+            if (step + 1 < steps) corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
+            corr_product<T, FLAT ? 2 : 8>(As, Bs, tid, acc);
         }
         corr_epilogue<T>(p, tile_m, tile_n, tid, acc);
     }
 }
 
+template <bool FLAT, bool TRANSPOSED>
+__device__ __forceinline__ void corr(const CorrProblem& p) { corr_gemm<CorrTiles, FLAT, TRANSPOSED>(p); }
+
+// The GEMM's packed weights (corr_packed_at) from w.
 template <bool TRANSPOSED>
-__device__ __forceinline__ void corr(const CorrProblem& p) { corr_gemm<CorrTiles, TRANSPOSED>(p); }
+__device__ __forceinline__ void corr_pack(const float* __restrict__ w, float* __restrict__ packed, const CorrProblem& p,
+                                          bool flat) {
+    using T = CorrTiles;
+    CAPSULE_GRID_STRIDE(e, corr_rows<T>(p, flat) * corr_cols<T>(p)) packed[e] = corr_packed_at<T, TRANSPOSED>(w, p, flat, e);
+}
 
 __device__ __forceinline__ void weight_gemm(const WeightProblem& p) {
     using T = WeightTile;
@@ -138,14 +148,29 @@ __device__ __forceinline__ void split_sums(const float* __restrict__ partial, fl
 }  // namespace
 
 // -- conv -------------------------------------------------------------------------------------
+//
+// Each GEMM reads its weights packed by the launch before it (_pack; flat != 0 for the _flat GEMM,
+// which the correlations have: conv forward, conv_transpose dx).
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    corr<false>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ void capsule_conv_fwd_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int32_t flat) {
+    corr_pack<false>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)}, flat != 0);
 }
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // dx = the adjoint of the correlation: a gather from the windows that touch each cell of x.
-    corr<true>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd(const float* __restrict__ x, const float* __restrict__ packed, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false, false>(CorrProblem{x, packed, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_fwd_flat(const float* __restrict__ x, const float* __restrict__ packed, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<true, false>(CorrProblem{x, packed, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+// dx = the adjoint of the correlation: a gather from the windows that touch each cell of x.
+extern "C" __global__ void capsule_conv_bwd_x_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int32_t flat) {
+    corr_pack<true>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)}, flat != 0);
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_bwd_x(const float* __restrict__ g, const float* __restrict__ packed, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false, true>(CorrProblem{g, packed, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
 extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {
@@ -162,14 +187,26 @@ extern "C" __global__ void capsule_conv_bwd_b(const float* __restrict__ g, float
 
 // -- conv_transpose ---------------------------------------------------------------------------
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_fwd(const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // conv's dx with the roles of the operands swapped, plus the bias.
-    corr<true>(CorrProblem{x, weight, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+// The forward: conv's dx with the roles of the operands swapped, plus the bias.
+extern "C" __global__ void capsule_conv_transpose_fwd_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int32_t flat) {
+    corr_pack<true>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)}, flat != 0);
 }
 
-extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x(const float* __restrict__ g, const float* __restrict__ weight, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    // conv's forward (no bias) of g: w (c_in, c_out, k) is a correlation weight from c_out to c_in channels.
-    corr<false>(CorrProblem{g, weight, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_fwd(const float* __restrict__ x, const float* __restrict__ packed, const float* __restrict__ b, float* __restrict__ y, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false, true>(CorrProblem{x, packed, b, y, n, c_in, c_out, dims(d, h, w), dims(od, oh, ow), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+// dx: conv's forward (no bias) of g; w (c_in, c_out, k) is a correlation weight from c_out to c_in channels.
+extern "C" __global__ void capsule_conv_transpose_bwd_x_pack(const float* __restrict__ weight, float* __restrict__ packed, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int32_t flat) {
+    corr_pack<false>(weight, packed, CorrProblem{nullptr, nullptr, nullptr, nullptr, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)}, flat != 0);
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x(const float* __restrict__ g, const float* __restrict__ packed, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<false, false>(CorrProblem{g, packed, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
+}
+
+extern "C" __global__ __launch_bounds__(128, 4) void capsule_conv_transpose_bwd_x_flat(const float* __restrict__ g, const float* __restrict__ packed, float* __restrict__ dx, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    corr<true, false>(CorrProblem{g, packed, nullptr, dx, n, c_out, c_in, dims(od, oh, ow), dims(d, h, w), window(kd, kh, kw, sd, sh, sw, pd, ph, pw)});
 }
 
 extern "C" __global__ __launch_bounds__(128, 6) void capsule_conv_transpose_bwd_w(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dw, float* __restrict__ partial, int64_t n, int64_t c_in, int64_t c_out, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t splits) {
@@ -192,9 +229,16 @@ extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_fwd(const 
     CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) y[i] = max_pool_at(x, geo, i);
 }
 
-extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_bwd(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+// The backward in two passes: every window's first maximum once into a workspace, then a gather
+// per input cell over the argmax of its covering windows only.
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd_argmax(const float* __restrict__ x, int64_t* __restrict__ argmax, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
     const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
-    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = max_pool_grad_at(x, g, geo, i);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) argmax[i] = max_pool_argmax_at(x, geo, i);
+}
+
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd(const int64_t* __restrict__ argmax, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
+    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = max_pool_grad_at(argmax, g, geo, i);
 }
 
 extern "C" __global__ void capsule_smooth_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, float beta) {

@@ -40,6 +40,14 @@ CAPSULE_HD float quiet_nan() {
 // A read-only load: through the read-only data cache on the device.
 CAPSULE_HD float ld(const float* p, int64_t i) { return capsule::ldg(p + i); }
 
+CAPSULE_HD int64_t ld(const int64_t* p, int64_t i) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(p + i);
+#else
+    return p[i];
+#endif
+}
+
 // Two floats as one 8-byte shared-memory access.
 struct alignas(8) Float2 {
     float x, y;
@@ -76,24 +84,37 @@ CAPSULE_HD Cell unflatten(int64_t pos, const Dims3& s) {
 
 CAPSULE_HD int64_t flatten(const Cell& c, const Dims3& s) { return (c.d * s.h + c.h) * s.w + c.w; }
 
+// 0 <= i < n.
+CAPSULE_HD bool inside(int64_t i, int64_t n) { return static_cast<uint64_t>(i) < static_cast<uint64_t>(n); }
+
 // Kernel, stride and padding per axis.
 struct Window {
     Dims3 k, s, p;
 };
+
+// Along one axis: the origin of output cell o's window, o·s − p (correlation) or o + p
+// (transposed), and the input cell that kernel offset k reads from it, -1 for padding.
+template <bool TRANSPOSED>
+CAPSULE_HD int64_t origin(int64_t o, int64_t s, int64_t p) { return TRANSPOSED ? o + p : o * s - p; }
+
+template <bool TRANSPOSED>
+CAPSULE_HD int64_t source_at(int64_t t, int64_t k, int64_t s, int64_t in) {
+    if (!TRANSPOSED) {
+        const int64_t i = t + k;
+        return (i >= 0 && i < in) ? i : -1;
+    }
+    const int64_t u = t - k;
+    if (u < 0) return -1;
+    const int64_t q = quot(u, s);
+    return (q * s == u && q < in) ? q : -1;
+}
 
 // The input cell that kernel offset k of output cell o reads along one axis, -1 for padding.
 // Correlation: i = o·s − p + k. Transposed (the adjoint, a gather): the cell o' of the
 // correlated operand with o'·s − p + k = o, when that is an integer in [0, in).
 template <bool TRANSPOSED>
 CAPSULE_HD int64_t source(int64_t o, int64_t k, int64_t s, int64_t p, int64_t in) {
-    if (!TRANSPOSED) {
-        const int64_t i = o * s - p + k;
-        return (i >= 0 && i < in) ? i : -1;
-    }
-    const int64_t t = o + p - k;
-    if (t < 0) return -1;
-    const int64_t q = quot(t, s);
-    return (q * s == t && q < in) ? q : -1;
+    return source_at<TRANSPOSED>(origin<TRANSPOSED>(o, s, p), k, s, in);
 }
 
 // The flat input cell read by kernel offset kc of output cell oc, -1 for padding.
@@ -243,17 +264,26 @@ CAPSULE_HD void covering_windows(const PoolGeom& g, const Cell& c, F f) {
             for (int64_t ow = sw.first; ow <= sw.last; ++ow) f(Cell{od, oh, ow}, (od * g.out.h + oh) * g.out.w + ow);
 }
 
-// dx at input element i (flat over (planes, in)): the sum of g over the windows whose first
-// maximum is this cell (each window recomputes its argmax; an all-NaN window gives nothing).
-CAPSULE_HD float max_pool_grad_at(const float* x, const float* gy, const PoolGeom& g, int64_t i) {
-    const int64_t iv = volume(g.in);
+// The first maximum of output window i (flat over (planes, out)), as a flat cell of its plane; -1
+// when every real cell is NaN. The backward's first pass.
+CAPSULE_HD int64_t max_pool_argmax_at(const float* x, const PoolGeom& g, int64_t i) {
+    const int64_t ov = volume(g.out);
+    const int64_t plane = quot(i, ov);
+    return window_max(x + plane * volume(g.in), g, unflatten(i - plane * ov, g.out)).index;
+}
+
+// dx at input element i (flat over (planes, in)): the sum of g, in increasing output order, over
+// the covering windows whose first maximum (argmax, from max_pool_argmax_at) is this cell; an
+// all-NaN window (argmax -1) gives nothing.
+CAPSULE_HD float max_pool_grad_at(const int64_t* argmax, const float* gy, const PoolGeom& g, int64_t i) {
+    const int64_t iv = volume(g.in), ov = volume(g.out);
     const int64_t plane = quot(i, iv);
     const int64_t cell = i - plane * iv;
-    const float* xp = x + plane * iv;
-    const float* gp = gy + plane * volume(g.out);
+    const int64_t* ap = argmax + plane * ov;
+    const float* gp = gy + plane * ov;
     float acc = 0.0f;
-    covering_windows(g, unflatten(cell, g.in), [&](const Cell& o, int64_t oi) {
-        if (window_max(xp, g, o).index == cell) acc = add_rn(acc, ld(gp, oi));
+    covering_windows(g, unflatten(cell, g.in), [&](const Cell&, int64_t oi) {
+        if (ld(ap, oi) == cell) acc = add_rn(acc, ld(gp, oi));
     });
     return acc;
 }
@@ -335,10 +365,17 @@ CAPSULE_HD void tile_product(const float* As, const float* Bs, int row0, int col
 // padding) at every input channel, so the gathered patch needs no division in the inner loop.
 // Correlation (conv forward, conv_transpose dx): src = o·s − p + k, W(oc, ic, k) = w[oc][ic][k].
 // Transposed (conv dx, conv_transpose forward): src = (o + p − k)/s when exact, w[ic][oc][k].
-// Block tile BM × BN, reduction tile BK channels, each of the 128 threads TM × TN outputs.
+// Block tile BM × BN, reduction tile BK, each of the 128 threads TM × TN outputs.
+//
+// The GEMM reads W packed by a first launch (corr_packed_at): row r = k·group + ic, column oc,
+// so that a reduction step's weights are BK whole rows of BN consecutive floats (one float4 per
+// thread). With ic >= BK the group is ic rounded up to BK: each step is one kernel offset and BK
+// channels, and a row's source cell is found once per kernel offset. With ic < BK (the stem
+// conv's 3 channels) the reduction is flattened: group = ic, a step spans BK (kernel offset,
+// channel) pairs, none of them zero padding. Both orders add the same products in the same order.
 struct CorrProblem {
     const float* in;
-    const float* w;
+    const float* w;     // the packed weights
     const float* bias;  // nullptr: no bias
     float* out;
     int64_t n, ic, oc;
@@ -349,10 +386,8 @@ struct CorrProblem {
 template <int BM_, int BN_>
 struct CorrTile {
     static constexpr int BM = BM_, BN = BN_, BK = 16, TM = 8, TN = 4;
-    static constexpr int A_PER = BK * BM / kGemmThreads;  // patch elements each thread loads per step
-    static constexpr int B_PER = BK * BN / kGemmThreads;  // weights each thread loads per step
-    static_assert(kGemmThreads % BM == 0 || BM % kGemmThreads == 0, "A loader");
-    static_assert(BM <= kGemmThreads && BN <= kGemmThreads, "one row / column per loading thread");
+    static_assert(BM == kGemmThreads, "each thread loads one row's BK patch values");
+    static_assert(BK * BN == 4 * kGemmThreads, "each thread loads one float4 of the weight tile");
     static_assert((BM / TM) * (BN / TN) == kGemmThreads, "thread layout");
 };
 
@@ -368,65 +403,157 @@ CAPSULE_HD int64_t corr_tiles(const CorrProblem& p) {
     return ceil_div(p.n * volume(p.os), T::BM) * corr_tiles_n<T>(p);
 }
 
-// Reduction steps: every kernel offset times ceil(ic / BK) channel chunks.
+// Packed rows per kernel offset, rows (a multiple of BK) and columns (a multiple of BN).
 template <class T>
-CAPSULE_HD int64_t corr_steps(const CorrProblem& p) { return volume(p.win.k) * ceil_div(p.ic, T::BK); }
+CAPSULE_HD int64_t corr_group(const CorrProblem& p, bool flat) { return flat ? p.ic : ceil_div(p.ic, T::BK) * T::BK; }
+template <class T>
+CAPSULE_HD int64_t corr_rows(const CorrProblem& p, bool flat) {
+    return ceil_div(volume(p.win.k) * corr_group<T>(p, flat), T::BK) * T::BK;
+}
+template <class T>
+CAPSULE_HD int64_t corr_cols(const CorrProblem& p) { return corr_tiles_n<T>(p) * T::BN; }
+
+// Reduction steps of BK packed rows.
+template <class T>
+CAPSULE_HD int64_t corr_steps(const CorrProblem& p, bool flat) { return corr_rows<T>(p, flat) / T::BK; }
+
+// Element e of the packed weights (flat over rows × columns) from w; zero in the padding.
+template <class T, bool TRANSPOSED>
+CAPSULE_HD float corr_packed_at(const float* w, const CorrProblem& p, bool flat, int64_t e) {
+    const int64_t cols = corr_cols<T>(p), group = corr_group<T>(p, flat), kv = volume(p.win.k);
+    const int64_t r = quot(e, cols), oc = e - r * cols;
+    const int64_t kidx = quot(r, group), ic = r - kidx * group;
+    if (oc >= p.oc || ic >= p.ic || kidx >= kv) return 0.0f;
+    return ld(w, (TRANSPOSED ? ic * p.oc + oc : oc * p.ic + ic) * kv + kidx);
+}
 
 // What a thread keeps for one tile: its loading row (an output position).
 struct CorrRow {
-    int64_t in_base;  // offset of (n, channel 0) in `in`
-    Cell cell;        // output cell
+    int64_t base;  // offset in `in` of (n, channel 0), and for a correlation its window origin's cell
+    Cell org;      // the window origin of the output cell per axis
     bool valid;
 };
 
-template <class T>
+template <class T, bool TRANSPOSED>
 CAPSULE_HD CorrRow corr_row(const CorrProblem& p, int64_t tile_m, int tid) {
-    const int64_t m = tile_m * T::BM + tid % T::BM;
+    const int64_t m = tile_m * T::BM + tid;
     const int64_t ov = volume(p.os);
     if (m >= p.n * ov) return CorrRow{0, Cell{0, 0, 0}, false};
     const int64_t n = quot(m, ov);
-    return CorrRow{n * p.ic * volume(p.is), unflatten(m - n * ov, p.os), true};
+    const Cell o = unflatten(m - n * ov, p.os);
+    const Cell org{origin<TRANSPOSED>(o.d, p.win.s.d, p.win.p.d), origin<TRANSPOSED>(o.h, p.win.s.h, p.win.p.h),
+                   origin<TRANSPOSED>(o.w, p.win.s.w, p.win.p.w)};
+    return CorrRow{n * p.ic * volume(p.is) + (TRANSPOSED ? 0 : flatten(org, p.is)), org, true};
 }
 
-// Reads step `step` of the reduction into registers: ra[j] the patch value of channel
-// chunk·BK + tid/BM + (128/BM)·j of this thread's row, rb[j] the weight of (column tid % BN,
-// channel chunk·BK + tid/BN + (128/BN)·j). Zero for padding and out-of-range rows or channels.
-template <class T, bool TRANSPOSED>
-CAPSULE_HD void corr_load(const CorrProblem& p, const CorrRow& row, int64_t step, int64_t tile_n, int tid,
-                          float (&ra)[T::A_PER], float (&rb)[T::B_PER]) {
-    const int64_t chunks = ceil_div(p.ic, T::BK);
-    const int64_t kidx = quot(step, chunks);
-    const int64_t c0 = (step - kidx * chunks) * T::BK;
-    const int64_t kv = volume(p.win.k);
-    const int64_t cell = row.valid ? source_cell<TRANSPOSED>(row.cell, unflatten(kidx, p.win.k), p.win, p.is) : -1;
-    // A: channels ca + (128/BM)·j of the row's source cell, one pointer stepping by whole planes.
-    const int64_t ca = c0 + tid / T::BM;
-    const int64_t a_step = (kGemmThreads / T::BM) * volume(p.is);
-    const float* a = p.in + (row.in_base + ca * volume(p.is) + (cell < 0 ? 0 : cell));
+// The flat input cell (in the row's sample and channel plane) that kernel offset kc of the row
+// reads, -1 for padding or an invalid row.
+template <bool TRANSPOSED>
+CAPSULE_HD int64_t corr_source(const CorrProblem& p, const CorrRow& row, const Cell& kc) {
+    if (!row.valid) return -1;
+    const int64_t d = source_at<TRANSPOSED>(row.org.d, kc.d, p.win.s.d, p.is.d);
+    const int64_t h = source_at<TRANSPOSED>(row.org.h, kc.h, p.win.s.h, p.is.h);
+    const int64_t w = source_at<TRANSPOSED>(row.org.w, kc.w, p.win.s.w, p.is.w);
+    return (d < 0 || h < 0 || w < 0) ? -1 : (d * p.is.h + h) * p.is.w + w;
+}
+
+// A thread's place in the reduction of one tile: the next kernel offset and channel to load, and
+// (unflattened) the pointer to the row's source cell at that channel.
+struct CorrCursor {
+    const float* a;  // unflattened: the row's source cell at channel c (meaningful when live)
+    const float* b;  // this thread's float4 of the next step's weight tile
+    int64_t c;       // next channel
+    Cell k;          // next kernel offset
+    int64_t off;     // flattened correlation: c·plane + flatten(k), the offset from the window origin
+    bool live;       // unflattened: the row is valid and its source cell real
+};
+
+// Moves to the next kernel offset k (row-major), and `off`, flat over the cells of `in`, by the
+// same step.
+CAPSULE_HD void next_offset(const Dims3& kernel, const Dims3& in, Cell& k, int64_t& off) {
+    ++off;
+    if (++k.w < kernel.w) return;
+    k.w = 0;
+    off += in.w - kernel.w;
+    if (++k.h < kernel.h) return;
+    k.h = 0;
+    off += (in.h - kernel.h) * in.w;
+    ++k.d;
+}
+
+template <bool TRANSPOSED>
+CAPSULE_HD void corr_seek(const CorrProblem& p, const CorrRow& row, CorrCursor& cur) {
+    const int64_t cell = corr_source<TRANSPOSED>(p, row, cur.k);
+    cur.live = cell >= 0;
+    // A correlation's source cell is the origin's plus flatten(k) (when real).
+    cur.a = p.in + (row.base + (cell < 0 ? 0 : TRANSPOSED ? cell : flatten(cur.k, p.is)));
+}
+
+// The cursor at the first step of tile column tile_n: the weights' float4 of this thread is
+// packed row tid / (BN/4), columns 4·(tid % (BN/4)).
+template <class T, bool FLAT, bool TRANSPOSED>
+CAPSULE_HD CorrCursor corr_start(const CorrProblem& p, const CorrRow& row, int64_t tile_n, int tid) {
+    const float* b = p.w + (tid / (T::BN / 4)) * corr_cols<T>(p) + tile_n * T::BN + 4 * (tid % (T::BN / 4));
+    CorrCursor cur{p.in, b, 0, Cell{0, 0, 0}, 0, false};
+    if (!FLAT) corr_seek<TRANSPOSED>(p, row, cur);
+    return cur;
+}
+
+// The next reduction step's patch values of this thread's row into ra (zero for padding, an
+// invalid row, or past the last channel or kernel offset), and the cursor moved past them.
+template <class T, bool FLAT, bool TRANSPOSED>
+CAPSULE_HD void corr_load_a(const CorrProblem& p, const CorrRow& row, CorrCursor& cur, float (&ra)[T::BK]) {
+    static_assert(!(FLAT && TRANSPOSED), "flattened correlations only");
+    const int64_t plane = volume(p.is);
+    if (FLAT) {
+        // Cell origin + k at channel c: its offset from the origin's cell at channel 0 is the
+        // same in every row (cur.off, stepped along); only the bounds are the row's.
 #pragma unroll
-    for (int j = 0; j < T::A_PER; ++j) {
-        ra[j] = (cell >= 0 && ca + (kGemmThreads / T::BM) * j < p.ic) ? ld(a, 0) : 0.0f;
-        a += a_step;
+        for (int j = 0; j < T::BK; ++j) {
+            const bool real = row.valid && cur.k.d < p.win.k.d && inside(row.org.d + cur.k.d, p.is.d) &&
+                              inside(row.org.h + cur.k.h, p.is.h) && inside(row.org.w + cur.k.w, p.is.w);
+            ra[j] = real ? ld(p.in, row.base + cur.off) : 0.0f;
+            cur.off += plane;
+            if (++cur.c == p.ic) {
+                cur.c = 0;
+                cur.off -= p.ic * plane;
+                next_offset(p.win.k, p.is, cur.k, cur.off);
+            }
+        }
+        return;
     }
-    // B: weights of column oc at channels cb + (128/BN)·j.
-    const int64_t oc = tile_n * T::BN + tid % T::BN;
-    const int64_t cb = c0 + tid / T::BN;
-    const int64_t b_step = (kGemmThreads / T::BN) * (TRANSPOSED ? p.oc : 1) * kv;
-    const float* b = p.w + ((TRANSPOSED ? cb * p.oc + oc : oc * p.ic + cb) * kv + kidx);
+    const int64_t left = cur.live ? p.ic - cur.c : 0;
+    const float* a = cur.a;
+    if (left >= T::BK) {
 #pragma unroll
-    for (int j = 0; j < T::B_PER; ++j) {
-        rb[j] = (oc < p.oc && cb + (kGemmThreads / T::BN) * j < p.ic) ? ld(b, 0) : 0.0f;
-        b += b_step;
+        for (int j = 0; j < T::BK; ++j) ra[j] = ld(a, j * plane);
+    } else {
+#pragma unroll
+        for (int j = 0; j < T::BK; ++j) ra[j] = j < left ? ld(a, j * plane) : 0.0f;
     }
+    cur.a = a + T::BK * plane;
+    cur.c += T::BK;
+    if (cur.c >= p.ic) {
+        cur.c = 0;
+        next_offset(p.win.k, p.is, cur.k, cur.off);
+        if (cur.k.d < p.win.k.d) corr_seek<TRANSPOSED>(p, row, cur);
+    }
+}
+
+// The next reduction step into registers: patch values and weights.
+template <class T, bool FLAT, bool TRANSPOSED>
+CAPSULE_HD void corr_load(const CorrProblem& p, const CorrRow& row, CorrCursor& cur, float (&ra)[T::BK], float4& rb) {
+    corr_load_a<T, FLAT, TRANSPOSED>(p, row, cur, ra);
+    rb = load4(cur.b, 0);
+    cur.b += T::BK * corr_cols<T>(p);
 }
 
 // Registers -> shared tiles As[BK][BM], Bs[BK][BN] (consecutive threads, consecutive words).
 template <class T>
-CAPSULE_HD void corr_store(const float (&ra)[T::A_PER], const float (&rb)[T::B_PER], float* As, float* Bs, int tid) {
+CAPSULE_HD void corr_store(const float (&ra)[T::BK], const float4& rb, float* As, float* Bs, int tid) {
 #pragma unroll
-    for (int j = 0; j < T::A_PER; ++j) As[(tid / T::BM + (kGemmThreads / T::BM) * j) * T::BM + tid % T::BM] = ra[j];
-#pragma unroll
-    for (int j = 0; j < T::B_PER; ++j) Bs[(tid / T::BN + (kGemmThreads / T::BN) * j) * T::BN + tid % T::BN] = rb[j];
+    for (int j = 0; j < T::BK; ++j) As[j * T::BM + tid] = ra[j];
+    *reinterpret_cast<float4*>(Bs + 4 * tid) = rb;
 }
 
 // This thread's outputs within the tile: rows tm·TM + [0, TM), columns tn·TN + [0, TN).
@@ -435,9 +562,9 @@ CAPSULE_HD int corr_tm(int tid) { return tid / (T::BN / T::TN); }
 template <class T>
 CAPSULE_HD int corr_tn(int tid) { return tid % (T::BN / T::TN); }
 
-template <class T>
+template <class T, int UNROLL>
 CAPSULE_HD void corr_product(const float* As, const float* Bs, int tid, float (&acc)[T::TM][T::TN]) {
-    tile_product<T::BK, T::TM, T::TN, T::BM, T::BN, T::BK>(As, Bs, corr_tm<T>(tid) * T::TM, corr_tn<T>(tid) * T::TN, acc);
+    tile_product<T::BK, T::TM, T::TN, T::BM, T::BN, UNROLL>(As, Bs, corr_tm<T>(tid) * T::TM, corr_tn<T>(tid) * T::TN, acc);
 }
 
 // acc (+ bias) -> out; four consecutive positions as one 16-byte store when they share a sample

@@ -350,19 +350,65 @@ def test_plans_are_legal_for_every_sample(op):
 
 
 def test_large_conv_sample_launch_shape():
-    """The large conv sample (8, 32, 64, 64) * (32, 32, 3, 3): 256 forward tiles of 128 × 32; dw
-    split so that its 9 tiles become a few hundred blocks."""
+    """The large conv sample (8, 32, 64, 64) * (32, 32, 3, 3): the weights packed (9 kernel offsets
+    × 32 channels by 32 columns), then 256 forward tiles of 128 × 32; dw split so that its 9 tiles
+    become a few hundred blocks."""
     spec = get_spec("conv")
     (sample,) = spec.samples("large", seeded_rng("conv", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    (fwd,) = plans.PLANS["conv"][0](arrays, p).launches
-    assert fwd.grid == (256, 1, 1) and fwd.block == (128, 1, 1)
+    forward = plans.PLANS["conv"][0](arrays, p)
+    pack, fwd = forward.launches
+    assert pack.symbol == "capsule_conv_fwd_pack" and pack.args[-1] == 0
+    assert forward.buffer("packed").elements == 9 * 32 * 32
+    assert fwd.symbol == "capsule_conv_fwd" and fwd.grid == (256, 1, 1) and fwd.block == (128, 1, 1)
     bwd = plans.PLANS["conv"][1](arrays, p)
     by_symbol = {launch.symbol: launch for launch in bwd.launches}
     splits = by_symbol["capsule_conv_bwd_w"].args[-1]
     assert splits > 1 and 256 <= by_symbol["capsule_conv_bwd_w"].grid[0] <= 1024
-    assert [launch.symbol for launch in bwd.launches] == ["capsule_conv_bwd_x", "capsule_conv_bwd_w",
-                                                          "capsule_conv_bwd_wsum", "capsule_conv_bwd_b"]
+    assert [launch.symbol for launch in bwd.launches] == ["capsule_conv_bwd_x_pack", "capsule_conv_bwd_x",
+                                                          "capsule_conv_bwd_w", "capsule_conv_bwd_wsum",
+                                                          "capsule_conv_bwd_b"]
+
+
+def test_few_channels_take_the_flattened_gemm():
+    """The stem conv (3 channels, 7 × 7): 147 reduction rows in 10 steps of 16 (unflattened, 49
+    steps of 16 rows of which 13 are zero); its dx GEMM reduces over 64 channels, unflattened.
+    conv_transpose's dx is the correlation: flattened for few output channels."""
+    arrays = {"x": np.empty((32, 3, 224, 224), np.float32), "w": np.empty((64, 3, 7, 7), np.float32),
+              "b": np.empty(64, np.float32)}
+    p = {"stride": 2, "padding": 3}
+    forward = plans.PLANS["conv"][0](arrays, p)
+    assert [launch.symbol for launch in forward.launches] == ["capsule_conv_fwd_pack", "capsule_conv_fwd_flat"]
+    assert forward.launches[0].args[-1] == 1 and forward.buffer("packed").elements == 160 * 64
+    backward = plans.PLANS["conv"][1](arrays, p)
+    assert [launch.symbol for launch in backward.launches][:2] == ["capsule_conv_bwd_x_pack", "capsule_conv_bwd_x"]
+    assert backward.buffer("packed").elements == 49 * 64 * 32
+    arrays = {"x": np.empty((2, 64, 8, 8), np.float32), "w": np.empty((64, 3, 4, 4), np.float32),
+              "b": np.empty(3, np.float32)}
+    p = {"stride": 2, "padding": 1}
+    assert [launch.symbol for launch in plans.PLANS["conv_transpose"][0](arrays, p).launches] == [
+        "capsule_conv_transpose_fwd_pack", "capsule_conv_transpose_fwd"]
+    assert [launch.symbol for launch in plans.PLANS["conv_transpose"][1](arrays, p).launches][:2] == [
+        "capsule_conv_transpose_bwd_x_pack", "capsule_conv_transpose_bwd_x_flat"]
+
+
+@pytest.mark.parametrize("op", CONVS)
+def test_flattened_reduction_adds_in_the_same_order(op, monkeypatch):
+    """The _flat GEMM of the correlation (conv forward, conv_transpose dx; forced here for any
+    channel count, also across kernel offsets within one step: 20 channels) adds the same products
+    in the same order as the unflattened one, which adds zeros for the padded channels: the same
+    bits, for small and medium samples of every rank."""
+    spec = get_spec(op)
+    samples = spec.samples("small", seeded_rng(op, "small")) + spec.samples("medium", seeded_rng(op, "medium"))
+    for sample in samples + [wide_sample(op, i) for i in range(len(WIDE_CASES[op]))]:
+        arrays, p, g = plan_arguments(op, sample)
+        runs = []
+        for flat in (False, True):
+            monkeypatch.setattr(plans, "corr_flat", lambda channels, correlation, flat=flat: flat and correlation)
+            runs.append(run_plans(emulator((4, 4)), op, arrays, p, g))
+        (y, grads), (y_flat, grads_flat) = runs
+        assert same_bits(y, y_flat), f"{op} {sample.case} forward"
+        assert same_bits(grads["x"], grads_flat["x"]), f"{op} {sample.case} dx"
 
 
 def test_planted_launch_faults_are_caught():
@@ -370,7 +416,7 @@ def test_planted_launch_faults_are_caught():
     (sample,) = spec.samples("large", seeded_rng("conv", "large"))
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
     plan = plans.PLANS["conv"][1](arrays, p)
-    launch = plan.launches[1]
+    launch = plan.launches[2]
     assert launch.symbol == "capsule_conv_bwd_w"
     assert missed_faults(plan, symbols("conv"), [
         ("2048 threads", {"block": (2048, 1, 1)}),
@@ -379,4 +425,4 @@ def test_planted_launch_faults_are_caught():
         ("needs a number", {"args": (*launch.args[:-1], "dw")}),
         ("not declared", {"symbol": "capsule_max_pool_bwd"}),
         ("grid dimension 0", {"grid": (0, 1, 1)}),
-    ], index=1) == []
+    ], index=2) == []

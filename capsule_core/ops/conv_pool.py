@@ -305,6 +305,7 @@ CONV_EDGES = (
     ("edge-odd-1d", (3, 3, 37), (5, 3, 4), {"stride": 3, "padding": 2}),
     ("edge-3d", (1, 2, 5, 4, 3), (2, 2, 3, 1, 2), {"stride": (2, 1, 1), "padding": (1, 0, 1)}),
     ("edge-long-sum", (1, 64, 5, 5), (2, 64, 5, 5), {"padding": 2}),
+    ("edge-many-out-channels", (1, 3, 6, 5), (20, 3, 3, 3), {"padding": 1}),
 )
 CONV_TRANSPOSE_EDGES = (
     ("edge-output-zero", (1, 2, 1, 3), (2, 3, 2, 2), {"padding": 1}),
@@ -317,6 +318,7 @@ CONV_TRANSPOSE_EDGES = (
     ("edge-odd-1d", (3, 3, 37), (3, 5, 4), {"stride": 3, "padding": 1}),
     ("edge-3d", (1, 2, 3, 4, 3), (2, 2, 3, 1, 2), {"stride": (2, 1, 1), "padding": (1, 0, 0)}),
     ("edge-long-sum", (1, 64, 5, 5), (64, 2, 3, 3), {"padding": 1}),
+    ("edge-many-out-channels", (1, 3, 4, 3), (3, 20, 3, 3), {"stride": 2, "padding": 1}),
 )
 
 

@@ -4,14 +4,19 @@ Every spatial rank is passed padded to 3-D (d, h, w): a missing leading axis has
 kernel 1, stride 1 and padding 0, so one kernel serves ranks 1 to 3.
 
 conv and conv_transpose are implicit GEMMs of 128-thread blocks. The forward and dx kernels
-tile (positions × channels) by CORR_TILE; the dw kernel tiles (channels × channels) at one
+tile (positions × channels) by CORR_TILE and read the weights packed by a launch before them
+into a workspace (reduction rows × output channels, so that their loads are coalesced float4);
+a correlation (conv forward, conv_transpose dx) over fewer than CORR_BK channels (the stem conv's
+3) takes its _flat kernel, whose reduction steps run over (kernel offset, channel) pairs instead
+of one kernel offset's zero-padded channel chunk. The dw kernel tiles (channels × channels) at one
 kernel offset by WEIGHT_TILE and splits its long reduction over positions into `splits` ranges
 when the tiles alone would leave the GPU idle: the partial tiles go to a workspace that a second
 launch adds in split order (deterministic, no atomics). db is one block per channel. Every grid
 is a grid-stride loop, so any grid is correct; these ones give every block about one tile.
 
 Pools: one thread per output (forward) or per input cell (backward, a gather over the windows
-covering it).
+covering it). max_pool's backward first writes every window's argmax (its first maximum) to an
+int64 workspace, so that the gather reads one index per covering window instead of the window.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from ..launch import Buffer, Launch, LaunchPlan, grid_1d
 GEMM_THREADS = 128
 CORR_TILE = (128, 32)
 """Rows (output positions) × columns (output channels) of a forward / dx block tile."""
+CORR_BK = 16
+"""Reduction rows per step of a forward / dx GEMM."""
 WEIGHT_TILE = (32, 32, 32)
 """Channels of the windowed operand × channels of the positional operand × positions per step (dw)."""
 SUM_THREADS = 256
@@ -92,6 +99,33 @@ def corr_grid(rows: int, channels: int) -> tuple[int, int, int]:
     return (max(1, min(tiles, MAX_BLOCKS)), 1, 1)
 
 
+def corr_flat(reduction_channels: int, correlation: bool) -> bool:
+    """Flatten (kernel offset, channel) into one reduction index when a channel chunk would be
+    mostly zero padding: correlations only (conv forward, conv_transpose dx), whose flattened
+    gather is an offset walk; the transposed ones would need a division per element."""
+    return correlation and reduction_channels < CORR_BK
+
+
+def packed_elements(reduction_channels: int, out_channels: int, kernel_volume: int, flat: bool) -> int:
+    """The packed weights of a forward / dx GEMM: kernel_volume · group rows (group: the channels,
+    rounded up to CORR_BK unless flattened) padded to a multiple of CORR_BK, by out_channels
+    padded to a multiple of CORR_TILE[1] (corr_rows, corr_cols in conv_pool.cuh)."""
+    group = reduction_channels if flat else _cdiv(reduction_channels, CORR_BK) * CORR_BK
+    return _cdiv(kernel_volume * group, CORR_BK) * CORR_BK * _cdiv(out_channels, CORR_TILE[1]) * CORR_TILE[1]
+
+
+def corr_launches(symbol: str, operands: tuple[str, ...], reduction_channels: int, out_channels: int,
+                  kernel_volume: int, rows: int, correlation: bool, scalars: tuple) -> tuple[Buffer, Launch, Launch]:
+    """The workspace `packed`, the launch that packs the weights into it, then the GEMM (its _flat
+    kernel when corr_flat): operands are the GEMM's buffer arguments, "packed" in the weights' place."""
+    flat = corr_flat(reduction_channels, correlation)
+    count = packed_elements(reduction_channels, out_channels, kernel_volume, flat)
+    return (Buffer("packed", "workspace", "float32", count),
+            Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars, int(flat))),
+            Launch(f"{symbol}_flat" if flat else symbol, corr_grid(rows, out_channels), (GEMM_THREADS, 1, 1),
+                   (*operands, *scalars)))
+
+
 def weight_splits(positions: int, x_channels: int, g_channels: int, kernel_volume: int) -> int:
     """How many position ranges the dw reduction is split into (1: no partials)."""
     tiles = _cdiv(x_channels, WEIGHT_TILE[0]) * _cdiv(g_channels, WEIGHT_TILE[1]) * kernel_volume
@@ -106,11 +140,11 @@ def _conv_plans(op: str, transposed: bool):
     def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
         y = (x[0], c_out, *out)
+        packed, *launches = corr_launches(f"capsule_{op}_fwd", ("x", "packed", "b", "out"), x[1], c_out,
+                                          _volume(w[2:]), x[0] * _volume(out), not transposed, scalars)
         buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("w", "input", "float32", _volume(w)),
-                   Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)))
-        launch = Launch(f"capsule_{op}_fwd", corr_grid(x[0] * _volume(out), c_out), (GEMM_THREADS, 1, 1),
-                        ("x", "w", "b", "out", *scalars))
-        return LaunchPlan(op, "forward", buffers, (launch,), output_shapes={"out": y})
+                   Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)), packed)
+        return LaunchPlan(op, "forward", buffers, tuple(launches), output_shapes={"out": y})
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
@@ -126,7 +160,10 @@ def _conv_plans(op: str, transposed: bool):
                    Buffer("dw", "output", "float32", count), Buffer("db", "output", "float32", c_out)]
         weight_tiles = _cdiv(x_channels, WEIGHT_TILE[0]) * _cdiv(g_channels, WEIGHT_TILE[1]) * kv * splits
         weight_grid = (max(1, min(weight_tiles, MAX_BLOCKS)), 1, 1)
-        launches = [Launch(f"capsule_{op}_bwd_x", corr_grid(n * _volume(x[2:]), c_in), block, ("g", "w", "dx", *scalars))]
+        # dx is a GEMM over the c_out channels of g into the c_in channels of x.
+        packed, *launches = corr_launches(f"capsule_{op}_bwd_x", ("g", "packed", "dx"), c_out, c_in, kv,
+                                          n * _volume(x[2:]), transposed, scalars)
+        buffers.append(packed)
         if splits == 1:
             # The kernel writes dw directly and never touches `partial`.
             launches.append(Launch(f"capsule_{op}_bwd_w", weight_grid, block, ("x", "g", "dw", "dw", *scalars, 1)))
@@ -179,20 +216,37 @@ def _pool_plans(op: str, backward_reads: tuple[str, ...], float_params: tuple[st
     return forward, backward
 
 
+def _max_pool_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
+    """Every window's first maximum into an int64 workspace (one thread per output), then the
+    gather over the covering windows' argmax (one thread per input cell)."""
+    x, y, scalars = _pool_shapes(inputs, p)
+    buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("g", "input", "float32", _volume(y)),
+               Buffer("dx", "output", "float32", _volume(x)), Buffer("argmax", "workspace", "int64", _volume(y)))
+    launches = (Launch("capsule_max_pool_bwd_argmax", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
+                Launch("capsule_max_pool_bwd", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)))
+    return LaunchPlan("max_pool", "backward", buffers, launches, output_shapes={"dx": x})
+
+
 PLANS = {
     "conv": _conv_plans("conv", False),
     "conv_transpose": _conv_plans("conv_transpose", True),
-    "max_pool": _pool_plans("max_pool", ("x",)),
+    "max_pool": (_pool_plans("max_pool", ())[0], _max_pool_backward),
     "smooth_max_pool": _pool_plans("smooth_max_pool", ("x", "out"), ("beta",)),
     "avg_pool": _pool_plans("avg_pool", ()),
 }
 
 
-GEMM_MIN_BLOCKS = {"fwd": 4, "bwd_x": 4, "bwd_w": 6}
-"""The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks) by part."""
+GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_fwd_flat": 4, "capsule_conv_bwd_x": 4, "capsule_conv_bwd_w": 6,
+                   "capsule_conv_transpose_fwd": 4, "capsule_conv_transpose_bwd_x": 4,
+                   "capsule_conv_transpose_bwd_x_flat": 4, "capsule_conv_transpose_bwd_w": 6}
+"""The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
+
+POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd": 4}
+"""Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
 
 BUDGET = KernelBudget(
     max_registers=register_budget(max(POOL_THREADS, SUM_THREADS)),
-    registers={f"capsule_{op}_{part}": register_budget(GEMM_THREADS, blocks)
-               for op in ("conv", "conv_transpose") for part, blocks in GEMM_MIN_BLOCKS.items()})
-"""The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor; the others fit a block."""
+    registers={**{name: register_budget(GEMM_THREADS, blocks) for name, blocks in GEMM_MIN_BLOCKS.items()},
+               **{name: register_budget(POOL_THREADS, blocks) for name, blocks in POOL_MIN_BLOCKS.items()}})
+"""The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor, the POOL_MIN_BLOCKS kernels
+theirs; the others fit a block."""

@@ -48,21 +48,28 @@ extern "C" void host_window_argmax(const float* x, int64_t* index, float* value,
 
 // The implicit GEMM's gather map: table[m·K + r] = the element of `in` (n·c·cells flat, channel
 // 0) that row m (output position) reads at reduction index r = kernel offset (channel 0), or -1
-// for padding, from the same corr_row / source_cell the tile loader uses.
+// for padding, from the same corr_row / corr_source the tile loader uses.
+template <bool TRANSPOSED>
+void corr_gather(const CorrProblem& p, int64_t* table) {
+    using T = CorrTiles;
+    const int64_t rows = p.n * volume(p.os), kv = volume(p.win.k);
+    for (int64_t m = 0; m < rows; ++m) {
+        const CorrRow row = corr_row<T, TRANSPOSED>(p, m / T::BM, static_cast<int>(m % T::BM));
+        for (int64_t r = 0; r < kv; ++r) {
+            const Cell k = unflatten(r, p.win.k);
+            const int64_t cell = corr_source<TRANSPOSED>(p, row, k);
+            table[m * kv + r] = cell < 0 ? -1 : row.base + (TRANSPOSED ? cell : flatten(k, p.is));
+        }
+    }
+}
+
 extern "C" void host_corr_gather(int32_t transposed, int64_t n, int64_t ic, int64_t d, int64_t h, int64_t w, int64_t od,
                                  int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh,
                                  int64_t sw, int64_t pd, int64_t ph, int64_t pw, int64_t* table) {
-    using T = CorrTiles;
     const CorrProblem p{nullptr, nullptr, nullptr, nullptr, n, ic, 1, dims(d, h, w), dims(od, oh, ow),
                         window(kd, kh, kw, sd, sh, sw, pd, ph, pw)};
-    const int64_t rows = n * volume(p.os), kv = volume(p.win.k);
-    for (int64_t m = 0; m < rows; ++m) {
-        const CorrRow row = corr_row<T>(p, m / T::BM, static_cast<int>(m % T::BM));
-        for (int64_t r = 0; r < kv; ++r) {
-            const Cell kc = unflatten(r, p.win.k);
-            const int64_t cell = transposed ? source_cell<true>(row.cell, kc, p.win, p.is)
-                                            : source_cell<false>(row.cell, kc, p.win, p.is);
-            table[m * kv + r] = (row.valid && cell >= 0) ? row.in_base + cell : -1;
-        }
-    }
+    if (transposed)
+        corr_gather<true>(p, table);
+    else
+        corr_gather<false>(p, table);
 }
