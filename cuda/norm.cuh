@@ -163,9 +163,8 @@ CAPSULE_HD void capsule_plane_advance(CapsulePlaneWalker& w) {
     }
 }
 
-// Part p of `parts` equal chunks of [0, total): [lo, hi), empty past the end.
+// Part p of `parts` balanced chunks of [0, total) (lengths differ by at most one): [lo, hi).
 CAPSULE_HD void capsule_part_range(int64_t total, int64_t parts, int64_t p, int64_t& lo, int64_t& hi) {
-    const int64_t chunk = (total + parts - 1) / parts;
-    lo = p * chunk < total ? p * chunk : total;
-    hi = lo + chunk < total ? lo + chunk : total;
+    lo = p * total / parts;
+    hi = (p + 1) * total / parts;
 }

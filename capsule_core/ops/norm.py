@@ -216,6 +216,8 @@ def _layer_norm_edges() -> list[Sample]:
         ("edge-single-row", (1, 9), {}),
         ("edge-odd", (3, 37), {}),
         ("edge-long-rows", (2, 4099), {}),
+        ("edge-wide-rows", (3, 4104), {}),
+        ("edge-wider-than-a-block", (2, 16400), {}),
         ("edge-rank3", (2, 3, 5), {}),
         ("edge-constant-rows", constant, {}),
         ("edge-constant-rows-eps", constant, {"eps": 0.5}),

@@ -44,25 +44,23 @@ W team_merge(std::vector<W> v) {
 }
 
 constexpr int64_t kWarpRowMax = 256;
+constexpr int64_t kWideFwdGroups = 4, kWideBwdGroups = 2;
 
 // How the kernels hold one row: `team` members (a warp, or the block), `per` vectors of `vec`
-// floats each, or streamed (per = 0) by a block.
+// floats each, or streamed (per = 0) by a block. `wide_groups` > 0: the wide kernels' layout
+// (groups of 4 columns, that many a thread, over a block of `block` threads).
 struct RowLayout {
     int64_t team, vec, per;
 };
 
-RowLayout row_layout(int64_t cols, int64_t block) {
+RowLayout row_layout(int64_t cols, int64_t block, int64_t wide_groups) {
+    if (wide_groups > 0) return RowLayout{block, 4, wide_groups};
+    if (cols > kWarpRowMax) return RowLayout{block, cols % 4 == 0 ? 4 : 1, 0};
     const int64_t vec = cols % 4 == 0 ? 4 : 1;
-    const int64_t team = cols <= kWarpRowMax ? 32 : block;
-    int64_t per = (cols + vec * team - 1) / (vec * team);
-    const int64_t max_per = vec == 4 ? 2 : 8;
-    if (per > max_per) per = 0;
-    else {
-        int64_t p = 1;
-        while (p < per) p *= 2;
-        per = p;
-    }
-    return RowLayout{team, vec, per};
+    int64_t per = (cols + vec * 32 - 1) / (vec * 32);
+    int64_t p = 1;
+    while (p < per) p *= 2;
+    return RowLayout{32, vec, p};
 }
 
 int64_t tile_col(const RowLayout& L, int64_t m, int64_t j) { return (j * L.team + m) * L.vec; }
@@ -113,9 +111,10 @@ void row_stats(const float* x, int64_t cols, float eps, const RowLayout& L, bool
 
 }  // namespace
 
+// `wide`: capsule_layer_norm_fwd_wide with a block of `block` threads; else capsule_layer_norm_fwd.
 extern "C" void host_layer_norm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
-                                    int64_t rows, int64_t cols, float eps, int64_t block) {
-    const RowLayout L = row_layout(cols, block);
+                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t wide) {
+    const RowLayout L = row_layout(cols, block, wide ? kWideFwdGroups : 0);
     for (int64_t row = 0; row < rows; ++row) {
         const float* xr = x + row * cols;
         float mu, r;
@@ -128,10 +127,12 @@ extern "C" void host_layer_norm_fwd(const float* x, const float* gamma, const fl
 }
 
 // dx per row as capsule_layer_norm_bwd_x, then dgamma, dbeta as bwd_partials (row lanes
-// `lanes`, parts `parts`) and bwd_params.
+// `lanes`, parts `parts`) and bwd_params; with `wide` as capsule_layer_norm_bwd_x_wide (a block of
+// `block` threads per part, each column's sums over the part's rows in row order) and bwd_params.
 extern "C" void host_layer_norm_bwd(const float* x, const float* gamma, const float* g, float* dx, float* dgamma, float* dbeta,
-                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t parts, int64_t lanes) {
-    const RowLayout L = row_layout(cols, block);
+                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t parts, int64_t lanes,
+                                    int64_t wide) {
+    const RowLayout L = row_layout(cols, block, wide ? kWideBwdGroups : 0);
     std::vector<float> mean(rows), rstd(rows);
     for (int64_t row = 0; row < rows; ++row) {
         const float* xr = x + row * cols;
@@ -169,9 +170,9 @@ extern "C" void host_layer_norm_bwd(const float* x, const float* gamma, const fl
             int64_t lo, hi;
             capsule_part_range(rows, parts, p, lo, hi);
             float tg = 0.0f, tb = 0.0f;
-            for (int64_t lane = 0; lane < lanes; ++lane) {
+            for (int64_t lane = 0; lane < (wide ? 1 : lanes); ++lane) {
                 float ag = 0.0f, ab = 0.0f;
-                for (int64_t r = lo + lane; r < hi; r += lanes) {
+                for (int64_t r = lo + lane; r < hi; r += (wide ? 1 : lanes)) {
                     const float gv = g[r * cols + c];
                     ag = fmaf(gv, capsule_norm_xhat(x[r * cols + c], mean[r], rstd[r]), ag);
                     ab += gv;
