@@ -12,7 +12,8 @@
 // sums (written by the wide backward from its registers, else by a launch of their own over
 // (part, 32 columns) tiles), then a fixed-order sum over the parts.
 //
-// batch_norm: per (channel, part of N·S) Welford partials, merged per channel in part order, then
+// batch_norm: per (channel, part of N·S) Welford partials (each thread's values taken 16 at a time,
+// 16-byte loads where the planes allow, and merged as chunks), merged per channel in part order, then
 // an elementwise pass; the backward's partials carry the co-moment of x and g, so one pass over
 // x and g gives the statistics, dgamma = rstd·Σ g·(x − mean) and dbeta = Σ g.
 //
@@ -584,39 +585,89 @@ __device__ void ln_bwd_x_parts_streamed(const float* __restrict__ x, const float
 
 // -- batch_norm helpers ---------------------------------------------------------------------------------
 
-// Welford statistics of channel c over the part [lo, hi) of its N·S elements, over the block.
-__device__ __forceinline__ CapsuleWelford channel_welford(const float* __restrict__ x, int64_t c, int64_t channels,
-                                                          int64_t spatial, int64_t lo, int64_t hi, CapsuleWelford* slots) {
-    CapsuleWelford w = capsule_welford_empty();
-    const int64_t first = lo + threadIdx.x;
-    if (first < hi) {
-        CapsulePlaneWalker it = capsule_plane_walker(first, blockDim.x, c, channels, spatial);
-        for (int64_t j = first; j < hi; j += blockDim.x) {
-            capsule_welford_push(w, __ldg(x + it.offset));
-            capsule_plane_advance(it);
+// The group of 4 consecutive statistic indices of channel c at the walker `it` from p, into
+// v[0..3]: the first `valid` of them, zeros after; one 16-byte load when `vec` (S a multiple of 4
+// and p 16-byte aligned: a group never leaves its plane), else element by element across planes.
+__device__ __forceinline__ void load_group(const float* __restrict__ p, const CapsulePlaneWalker& it, int64_t valid, bool vec,
+                                           float* v) {
+    if (vec) {
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (valid > 0) a = __ldg(reinterpret_cast<const float4*>(p + it.offset));
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+    } else {
+        int64_t s = it.s, off = it.offset;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[k] = k < valid ? __ldg(p + off) : 0.0f;
+            if (++s == it.S) {
+                s = 0;
+                off += it.plane_gap + 1;
+            } else {
+                ++off;
+            }
         }
     }
-    return block_merge(w, slots);
+}
+
+// Channel c's statistic indices j = n·S + s in [lo, hi) (lo a multiple of 4) as groups of 4:
+// thread t takes groups t, t + blockDim.x, …, U of them (a chunk) at a time, every load of the
+// chunk issued before any is used, and calls f(xv, gv, count) with the chunk's values of x (and of
+// g when G) in group order, `count` of them valid (zeros after). Four 16-byte loads in flight a
+// thread: U = 4 groups of x, or 2 of x and g.
+template <bool G>
+constexpr int kChunkGroups = G ? 1 : 4;
+
+template <bool G, class F>
+__device__ __forceinline__ void channel_chunks(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
+                                               int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec, F&& f) {
+    const int64_t step = blockDim.x;
+    const int64_t first = lo + 4 * static_cast<int64_t>(threadIdx.x);
+    if (first >= hi) return;
+    CapsulePlaneWalker it = capsule_plane_walker(first, 4 * step, c, channels, spatial);
+    constexpr int U = kChunkGroups<G>;
+    for (int64_t j = first; j < hi; j += 4 * U * step) {
+        float xv[4 * U], gv[G ? 4 * U : 1];
+        int count = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t e = j + 4 * u * step;
+            const int64_t valid = e < hi ? (hi - e < 4 ? hi - e : 4) : 0;
+            load_group(x, it, valid, vec, xv + 4 * u);
+            if constexpr (G) load_group(g, it, valid, vec, gv + 4 * u);
+            count += static_cast<int>(valid);
+            if (valid > 0) capsule_plane_advance(it);
+        }
+        f(xv, gv, count);
+    }
+}
+
+// Welford statistics of channel c over the part [lo, hi) of its N·S elements, over the block.
+__device__ __forceinline__ CapsuleWelford channel_welford(const float* __restrict__ x, int64_t c, int64_t channels,
+                                                          int64_t spatial, int64_t lo, int64_t hi, bool vec,
+                                                          CapsuleWelford* slots) {
+    CapsuleChunkWelford w{0.0f, 0.0f, 0.0f};
+    channel_chunks<false>(x, nullptr, c, channels, spatial, lo, hi, vec,
+                          [&](const float (&xv)[4 * kChunkGroups<false>], const float (&)[1], int count) { capsule_chunk_push(w, xv, count); });
+    return block_merge(CapsuleWelford{static_cast<int64_t>(w.n), w.mean, w.m2}, slots);
 }
 
 __device__ __forceinline__ CapsuleComoment channel_comoment(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
-                                                            int64_t channels, int64_t spatial, int64_t lo, int64_t hi,
+                                                            int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec,
                                                             CapsuleComoment* slots) {
-    CapsuleComoment w = capsule_comoment_empty();
-    const int64_t first = lo + threadIdx.x;
-    if (first < hi) {
-        CapsulePlaneWalker it = capsule_plane_walker(first, blockDim.x, c, channels, spatial);
-        for (int64_t j = first; j < hi; j += blockDim.x) {
-            capsule_comoment_push(w, __ldg(x + it.offset), __ldg(g + it.offset));
-            capsule_plane_advance(it);
-        }
-    }
-    return block_merge(w, slots);
+    CapsuleChunkComoment w{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    channel_chunks<true>(x, g, c, channels, spatial, lo, hi, vec,
+                         [&](const float (&xv)[4 * kChunkGroups<true>], const float (&gv)[4 * kChunkGroups<true>], int count) {
+                             capsule_chunk_push(w, xv, gv, count);
+                         });
+    return block_merge(CapsuleComoment{static_cast<int64_t>(w.n), w.mean_x, w.m2, w.mean_g, w.cxg, w.sum_g}, slots);
 }
 
 __device__ __forceinline__ int64_t part_count(int64_t total, int64_t parts, int64_t p) {
     int64_t lo, hi;
-    capsule_part_range(total, parts, p, lo, hi);
+    capsule_group_part_range(total, parts, p, lo, hi);
     return hi - lo;
 }
 
@@ -780,11 +831,12 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_
     const int64_t per_channel = n * spatial;
     if (stage == 0) {
         __shared__ CapsuleWelford slots[kMaxWarps];
+        const bool vec = spatial % 4 == 0 && aligned16(x);
         for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
             for (int64_t p = blockIdx.y; p < parts; p += gridDim.y) {
                 int64_t lo, hi;
-                capsule_part_range(per_channel, parts, p, lo, hi);
-                const CapsuleWelford w = channel_welford(x, c, channels, spatial, lo, hi, slots);
+                capsule_group_part_range(per_channel, parts, p, lo, hi);
+                const CapsuleWelford w = channel_welford(x, c, channels, spatial, lo, hi, vec, slots);
                 if (threadIdx.x == 0) {
                     partial[2 * (c * parts + p)] = w.mean;
                     partial[2 * (c * parts + p) + 1] = w.m2;
@@ -826,16 +878,17 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_
 
 // partial[5·(c·parts + p) + {0..4}] = mean of x, M2, mean of g, co-moment Σ(x − x̄)(g − ḡ), Σ g
 // of channel c over part p (grid: channels along x, parts along y).
-extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_batch_norm_bwd_partials(
+extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_bwd_partials(
     const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ partial, int64_t n, int64_t channels,
     int64_t spatial, int64_t parts) {
     __shared__ CapsuleComoment slots[kMaxWarps];
     const int64_t per_channel = n * spatial;
+    const bool vec = spatial % 4 == 0 && aligned16(x) && aligned16(g);
     for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
         for (int64_t p = blockIdx.y; p < parts; p += gridDim.y) {
             int64_t lo, hi;
-            capsule_part_range(per_channel, parts, p, lo, hi);
-            const CapsuleComoment w = channel_comoment(x, g, c, channels, spatial, lo, hi, slots);
+            capsule_group_part_range(per_channel, parts, p, lo, hi);
+            const CapsuleComoment w = channel_comoment(x, g, c, channels, spatial, lo, hi, vec, slots);
             if (threadIdx.x == 0) {
                 float* out = partial + 5 * (c * parts + p);
                 out[0] = w.mean_x;
