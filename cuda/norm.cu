@@ -586,11 +586,11 @@ __device__ void ln_bwd_x_parts_streamed(const float* __restrict__ x, const float
 // -- batch_norm helpers ---------------------------------------------------------------------------------
 
 // The group of 4 consecutive statistic indices of channel c at the walker `it` from p, into
-// v[0..3]: the first `valid` of them, zeros after; one 16-byte load when `vec` (S a multiple of 4
+// v[0..3]: the first `valid` of them, zeros after; one 16-byte load when VEC (S a multiple of 4
 // and p 16-byte aligned: a group never leaves its plane), else element by element across planes.
-__device__ __forceinline__ void load_group(const float* __restrict__ p, const CapsulePlaneWalker& it, int64_t valid, bool vec,
-                                           float* v) {
-    if (vec) {
+template <bool VEC>
+__device__ __forceinline__ void load_group(const float* __restrict__ p, const CapsulePlaneWalker& it, int64_t valid, float* v) {
+    if constexpr (VEC) {
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (valid > 0) a = __ldg(reinterpret_cast<const float4*>(p + it.offset));
         v[0] = a.x;
@@ -618,11 +618,11 @@ __device__ __forceinline__ void load_group(const float* __restrict__ p, const Ca
 // g when G) in group order, `count` of them valid (zeros after). Four 16-byte loads in flight a
 // thread: U = 4 groups of x, or 2 of x and g.
 template <bool G>
-constexpr int kChunkGroups = G ? 1 : 4;
+constexpr int kChunkGroups = G ? 2 : 4;
 
-template <bool G, class F>
-__device__ __forceinline__ void channel_chunks(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
-                                               int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec, F&& f) {
+template <bool G, bool VEC, class F>
+__device__ __forceinline__ void chunks_of(const float* __restrict__ x, const float* __restrict__ g, int64_t c, int64_t channels,
+                                          int64_t spatial, int64_t lo, int64_t hi, F&& f) {
     const int64_t step = blockDim.x;
     const int64_t first = lo + 4 * static_cast<int64_t>(threadIdx.x);
     if (first >= hi) return;
@@ -635,12 +635,24 @@ __device__ __forceinline__ void channel_chunks(const float* __restrict__ x, cons
         for (int u = 0; u < U; ++u) {
             const int64_t e = j + 4 * u * step;
             const int64_t valid = e < hi ? (hi - e < 4 ? hi - e : 4) : 0;
-            load_group(x, it, valid, vec, xv + 4 * u);
-            if constexpr (G) load_group(g, it, valid, vec, gv + 4 * u);
+            load_group<VEC>(x, it, valid, xv + 4 * u);
+            if constexpr (G) load_group<VEC>(g, it, valid, gv + 4 * u);
             count += static_cast<int>(valid);
             if (valid > 0) capsule_plane_advance(it);
         }
         f(xv, gv, count);
+    }
+}
+
+// chunks_of with the load chosen once (one copy of the loop per kind of load keeps registers
+// within 64).
+template <bool G, class F>
+__device__ __forceinline__ void channel_chunks(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
+                                               int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec, F&& f) {
+    if (vec) {
+        chunks_of<G, true>(x, g, c, channels, spatial, lo, hi, f);
+    } else {
+        chunks_of<G, false>(x, g, c, channels, spatial, lo, hi, f);
     }
 }
 

@@ -44,6 +44,10 @@ def test_plan_constants_match_the_kernels():
     assert int(re.search(r"kWarpRowMax = (\d+);", text)[1]) == plans.WARP_ROW_MAX
     assert int(re.search(r"kMaxThreads = (\d+);", text)[1]) >= plans.BLOCK
     assert plans.BLOCK % 32 == 0 and plans.COLUMN_TILE * plans.ROW_LANES <= plans.BLOCK
+    assert int(re.search(r"kWideMaxThreads = (\d+);", text)[1]) == plans.WIDE_MAX_THREADS
+    assert 4 * int(re.search(r"kWideFwdGroups = (\d+);", text)[1]) == plans.WIDE_FWD_FLOATS
+    assert 4 * int(re.search(r"kWideBwdGroups = (\d+);", text)[1]) == plans.WIDE_BWD_FLOATS
+    assert plans.WIDE_MIN_THREADS % 32 == 0 and plans.WIDE_MAX_THREADS % 32 == 0
 
 
 # -- the per-element math and reduction order, on the host ----------------------------------------

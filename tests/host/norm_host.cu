@@ -275,10 +275,10 @@ extern "C" void host_batch_norm_bwd(const float* x, const float* gamma, const fl
                                     int64_t n, int64_t channels, int64_t spatial, float eps, int64_t block, int64_t parts) {
     std::vector<float> mean(channels), rstd(channels);
     for (int64_t c = 0; c < channels; ++c) {
-        const CapsuleComoment w = channel_state<1>(
+        const CapsuleComoment w = channel_state<2>(
             x, g, n, channels, spatial, c, block, parts, capsule_comoment_empty(),
             CapsuleChunkComoment{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
-            [](CapsuleChunkComoment& s, const float (&xv)[4], const float (&gv)[4], int count) {
+            [](CapsuleChunkComoment& s, const float (&xv)[8], const float (&gv)[8], int count) {
                 capsule_chunk_push(s, xv, gv, count);
             });
         rstd[c] = capsule_norm_rstd(w.m2 / static_cast<float>(n * spatial), eps);
