@@ -327,7 +327,10 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
         assert (wide.symbol, wide.block, wide.grid) == ("capsule_layer_norm_bwd_x_wide", (bwd_threads, 1, 1), (parts, 1, 1))
         assert bwd_threads * plans.WIDE_BWD_FLOATS >= shape[-1] and params.args[-1] == parts
         assert bwd.buffer("partial").elements == 2 * parts * shape[-1]
-        assert parts == min(-(-shape[0] // plans.WIDE_ROW_PART), 132 * (1024 // bwd_threads))
+        assert parts == min(shape[0], max(132, min(-(-shape[0] // plans.WIDE_ROW_PART), 132 * (1024 // bwd_threads))))
+    for rows, threads, parts in ((8, 1024, 8), (512, 1024, 132), (4096, 1024, 132), (4096, 512, 264), (2048, 128, 256),
+                                 (100_000, 128, 1056)):
+        assert plans.wide_parts(rows, threads) == parts
     spec = get_spec("batch_norm")
     arrays, p, _ = validate(spec, {"x": np.zeros((16, 64, 32, 32), np.float32), "gamma": np.ones(64, np.float32),
                                    "beta": np.zeros(64, np.float32)}, {}, np.float32)

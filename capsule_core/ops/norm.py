@@ -217,6 +217,7 @@ def _layer_norm_edges() -> list[Sample]:
         ("edge-odd", (3, 37), {}),
         ("edge-long-rows", (2, 4099), {}),
         ("edge-wide-rows", (3, 4104), {}),
+        ("edge-wide-many-rows", (300, 260), {}),
         ("edge-wider-than-a-block", (2, 16400), {}),
         ("edge-rank3", (2, 3, 5), {}),
         ("edge-constant-rows", constant, {}),

@@ -48,8 +48,8 @@ WIDE_MIN_THREADS = 128
 WIDE_BWD_THREADS_PER_SM = 1024
 """Threads of capsule_layer_norm_bwd_x_wide a multiprocessor holds (64 registers each)."""
 WIDE_ROW_PART = 8
-"""At least this many rows per part of the wide backward (its column partials cost 2·cols floats
-a part, written and read once)."""
+"""Rows per part of the wide backward beyond one block per multiprocessor (its column partials
+cost 2·cols floats a part, written and read once)."""
 SMS = 132
 
 
@@ -72,9 +72,11 @@ def wide_threads(cols: int, floats: int) -> int:
 
 
 def wide_parts(rows: int, threads: int) -> int:
-    """Parts of the rows for the wide backward: one wave of blocks, at least WIDE_ROW_PART rows each."""
+    """Parts of the rows for the wide backward: a block per multiprocessor at least (as rows allow),
+    up to one wave of blocks while each part keeps WIDE_ROW_PART rows (the column partials of a
+    part cost as much traffic as 4/3 of a row)."""
     wave = SMS * max(1, WIDE_BWD_THREADS_PER_SM // threads)
-    return max(1, min(_ceil(rows, WIDE_ROW_PART), wave, GRID_LIMITS[0]))
+    return max(1, min(rows, max(SMS, min(wave, _ceil(rows, WIDE_ROW_PART))), GRID_LIMITS[0]))
 
 
 def column_parts(rows: int, cols: int) -> int:
