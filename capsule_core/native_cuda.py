@@ -228,7 +228,9 @@ _OPS: dict[BackendOp, _Op] = {
         "Each row of the last axis normalised by its mean and biased variance plus eps, then scaled by gamma and shifted by beta.",
         "dx by the layer-norm adjoint per row; dgamma = Σ g·x̂ and dbeta = Σ g over rows.",
         (("fwd", _in("x", "gamma", "beta") + _out("y", "mean", "rstd") + _ROWS + ("float eps",)),
+         ("fwd_wide", _in("x", "gamma", "beta") + _out("y", "mean", "rstd") + _ROWS + ("float eps",)),
          ("bwd_x", _in("x", "gamma", "g") + _out("dx", "mean", "rstd") + _ROWS + ("float eps",)),
+         ("bwd_x_wide", _in("x", "gamma", "g") + _out("dx", "partial") + _ROWS + ("int64_t parts", "float eps")),
          ("bwd_partials", _in("x", "g", "mean", "rstd") + _out("partial") + _ROWS + ("int64_t parts",)),
          ("bwd_params", _in("partial") + _out("dgamma", "dbeta") + ("int64_t cols", "int64_t parts")))),
     BackendOp.BATCH_NORM: _Op(

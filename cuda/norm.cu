@@ -2,21 +2,25 @@
 // (statistics per channel over N and space). Every reduction has a fixed shape and order for a
 // given launch, and none uses atomics, so results repeat bitwise.
 //
-// layer_norm rows are held in registers, at most 8 floats a thread (16-byte loads when the row
-// allows): up to 256 columns by one warp per row, up to 8·blockDim.x columns by one block per row;
-// statistics two-pass from the registers, sums merged by an xor butterfly (every lane ends with
-// the same bits), then across warps in warp order. Longer rows: one block per row, Welford per
-// thread merged across lanes and warps in a fixed order, then a second pass that normalises.
-// dgamma and dbeta are column sums: per (part of the rows, 32 columns) partial sums, then a
-// fixed-order sum over the parts.
+// layer_norm rows up to 256 columns are held in registers by one warp per row (at most 8 floats a
+// lane, 16-byte loads when the row allows). Wide rows (cols a multiple of 4) are held in registers
+// by a block per row, groups of 4 columns, up to 16 floats a thread forward and 8 backward (the
+// _wide kernels, each lean on its own). Statistics are two-pass from the registers, sums merged by
+// an xor butterfly (every lane ends with the same bits), then across warps in warp order. Other
+// rows: one block per row, Welford per thread merged across lanes and warps in a fixed order, then
+// a second pass that normalises. dgamma and dbeta are column sums: per part of the rows partial
+// sums (written by the wide backward from its registers, else by a launch of their own over
+// (part, 32 columns) tiles), then a fixed-order sum over the parts.
 //
-// batch_norm: per (channel, part of N·S) Welford partials, merged per channel in part order, then
+// batch_norm: per (channel, part of N·S) Welford partials (each thread's values taken 16 at a time,
+// 16-byte loads where the planes allow, and merged as chunks), merged per channel in part order, then
 // an elementwise pass; the backward's partials carry the co-moment of x and g, so one pass over
 // x and g gives the statistics, dgamma = rstd·Σ g·(x − mean) and dbeta = Σ g.
 //
 // Launch rules (the plans in capsule_core/plans/norm.py follow them; any grid is correct): at most
-// 256 threads per block; blockDim.x a multiple of 32 wherever a block reduces (the layer_norm row
-// kernels and the batch_norm partials).
+// 256 threads per block, except the _wide kernels (at most 1024, and enough to hold the row);
+// blockDim.x a multiple of 32 wherever a block reduces (the layer_norm row kernels and the
+// batch_norm partials).
 #include <cstdint>
 
 #include "common.cuh"
@@ -32,6 +36,8 @@ using capsule::store4;
 
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / 32;
+constexpr int kWideMaxThreads = 1024;  // the wide-row kernels' largest block
+constexpr int kWideMaxWarps = kWideMaxThreads / 32;
 constexpr int64_t kWarpRowMax = 256;  // longest row a warp keeps in registers (8 floats a lane)
 
 __device__ __forceinline__ int lane_id() { return static_cast<int>(threadIdx.x & 31u); }
@@ -75,8 +81,8 @@ __device__ __forceinline__ W warp_merge(W w) {
     return w;
 }
 
-// Merge over the block (blockDim.x a multiple of 32, ≤ kMaxThreads): warps, then the warp results
-// folded in warp order by every thread. `slots` holds kMaxWarps states; two barriers.
+// Merge over the block (blockDim.x a multiple of 32): warps, then the warp results folded in warp
+// order by every thread. `slots` holds a state per warp; two barriers.
 template <class W>
 __device__ __forceinline__ W block_merge(W w, W* slots) {
     w = warp_merge(w);
@@ -114,16 +120,6 @@ struct WarpTeam {
     __device__ __forceinline__ int64_t first() const { return capsule::thread_index() >> 5; }
     __device__ __forceinline__ int64_t stride() const { return capsule::thread_count() >> 5; }
     __device__ __forceinline__ float2 sum(float2 v) const { return make_float2(group_sum<32>(v.x), group_sum<32>(v.y)); }
-};
-
-// The block per row: rows blockIdx.x, + gridDim.x, …; sums over warps, then warps in order.
-struct BlockTeam {
-    float2* slots;
-    __device__ __forceinline__ int rank() const { return static_cast<int>(threadIdx.x); }
-    __device__ __forceinline__ int size() const { return static_cast<int>(blockDim.x); }
-    __device__ __forceinline__ int64_t first() const { return blockIdx.x; }
-    __device__ __forceinline__ int64_t stride() const { return gridDim.x; }
-    __device__ __forceinline__ float2 sum(float2 v) const { return block_sum2(v, slots); }
 };
 
 // PER vectors of VEC floats per team member; vector j of member m starts at column (j·size + m)·VEC.
@@ -309,17 +305,13 @@ __device__ __forceinline__ bool with_row_tile(int64_t cols, int64_t members, boo
     return true;
 }
 
-// Calls f(team, RowTile<VEC, PER>{}) for rows held in registers: a warp per row up to kWarpRowMax
-// columns (always fits), else the block per row (sums through `slots`) when with_row_tile finds
-// a tile; false when the row is too long for that.
+// Calls f(WarpTeam{}, RowTile<VEC, PER>{}) for rows a warp holds in registers (up to kWarpRowMax
+// columns); false for longer rows.
 template <class F>
-__device__ __forceinline__ bool with_team_tile(int64_t cols, bool vec4, float2* slots, F&& f) {
-    if (cols <= kWarpRowMax) {
-        with_row_tile(cols, 32, vec4, [&](auto tile) { f(WarpTeam{}, tile); });
-        return true;
-    }
-    const BlockTeam team{slots};
-    return with_row_tile(cols, blockDim.x, vec4, [&](auto tile) { f(team, tile); });
+__device__ __forceinline__ bool with_warp_tile(int64_t cols, bool vec4, F&& f) {
+    if (cols > kWarpRowMax) return false;
+    with_row_tile(cols, 32, vec4, [&](auto tile) { f(WarpTeam{}, tile); });
+    return true;
 }
 
 // -- layer_norm: longer rows, one block per row, streamed twice ----------------------------------------
@@ -346,7 +338,7 @@ __device__ __forceinline__ CapsuleWelford row_welford(const float* __restrict__ 
 __device__ void ln_fwd_block(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
                              float* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                              int64_t cols, float eps, bool vec4) {
-    __shared__ CapsuleWelford slots[kMaxWarps];
+    __shared__ CapsuleWelford slots[kWideMaxWarps];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + row * cols;
         float* yr = y + row * cols;
@@ -376,8 +368,8 @@ __device__ void ln_fwd_block(const float* __restrict__ x, const float* __restric
 __device__ void ln_bwd_x_block(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ g,
                                float* __restrict__ dx, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                                int64_t cols, float eps) {
-    __shared__ CapsuleWelford slots[kMaxWarps];
-    __shared__ float2 sums[kMaxWarps];
+    __shared__ CapsuleWelford slots[kWideMaxWarps];
+    __shared__ float2 sums[kWideMaxWarps];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + row * cols;
         const float* gr = g + row * cols;
@@ -402,41 +394,292 @@ __device__ void ln_bwd_x_block(const float* __restrict__ x, const float* __restr
     }
 }
 
+// -- layer_norm: wide rows, a block per row held in registers ----------------------------------------
+
+// A thread holds G groups of 4 columns of the row: group j of thread t is columns
+// 4·(j·blockDim.x + t) … + 3 (zeros past the end of the row), so a block of blockDim.x threads holds
+// rows of up to 4·G·blockDim.x columns. The forward holds kWideFwdGroups, the backward (which also
+// keeps two column sums per column) kWideBwdGroups.
+constexpr int kWideFwdGroups = 4;
+constexpr int kWideBwdGroups = 2;
+
+__device__ __forceinline__ int wide_col(int j) {
+    return 4 * (j * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x));
+}
+
+// The group at column col of the row at p (16-byte aligned, cols a multiple of 4), into v[0..3]:
+// one 16-byte load, zeros past the end of the row.
+__device__ __forceinline__ void wide_load(const float* __restrict__ p, int col, int cols, float* v) {
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (col < cols) a = __ldg(reinterpret_cast<const float4*>(p + col));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+}
+
+// v[0..3] to the group at column col: one 16-byte store (st.global.cg.v4; a float4 assigned
+// through a cast pointer can come out as four 4-byte stores).
+__device__ __forceinline__ void wide_store(float* __restrict__ p, int col, int cols, const float* v) {
+    if (col < cols) __stcg(reinterpret_cast<float4*>(p + col), make_float4(v[0], v[1], v[2], v[3]));
+}
+
+// The row's groups, every load issued before any is used.
+template <int G>
+__device__ __forceinline__ void wide_load_row(const float* __restrict__ p, int cols, float (&v)[4 * G]) {
+#pragma unroll
+    for (int j = 0; j < G; ++j) wide_load(p, wide_col(j), cols, v + 4 * j);
+}
+
+// Sum over the block (blockDim.x a multiple of 32): the xor butterfly in each warp, then the warps
+// in order by every thread; two barriers.
+__device__ __forceinline__ float block_sum1(float v, float* slots) {
+    v = group_sum<32>(v);
+    const int warp = static_cast<int>(threadIdx.x >> 5), warps = static_cast<int>(blockDim.x >> 5);
+    if (lane_id() == 0) slots[warp] = v;
+    __syncthreads();
+    float r = slots[0];
+    for (int i = 1; i < warps; ++i) r += slots[i];
+    __syncthreads();
+    return r;
+}
+
+// Two-pass mean and rstd of the block's row; every thread gets the same bits.
+template <int G>
+__device__ __forceinline__ void wide_stats(const float (&v)[4 * G], int cols, float eps, float* slots, float& mean, float& rstd) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4 * G; ++i) s += v[i];
+    mean = block_sum1(s, slots) / static_cast<float>(cols);
+    float q = 0.0f;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (wide_col(j) + k < cols) {
+                const float d = v[4 * j + k] - mean;
+                q = fmaf(d, d, q);
+            }
+        }
+    }
+    rstd = capsule_norm_rstd(block_sum1(q, slots) / static_cast<float>(cols), eps);
+}
+
+__device__ __forceinline__ void ln_fwd_wide(const float* __restrict__ x, const float* __restrict__ gamma,
+                                            const float* __restrict__ beta, float* __restrict__ y, float* __restrict__ mean,
+                                            float* __restrict__ rstd, int64_t rows, int cols, float eps, float* slots) {
+    constexpr int G = kWideFwdGroups;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        float v[4 * G];
+        wide_load_row<G>(x + row * cols, cols, v);
+        float mu, r;
+        wide_stats<G>(v, cols, eps, slots, mu, r);
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            float gm[4], bt[4];
+            wide_load(gamma, wide_col(j), cols, gm);
+            wide_load(beta, wide_col(j), cols, bt);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[4 * j + k] = capsule_norm_affine(capsule_norm_xhat(v[4 * j + k], mu, r), gm[k], bt[k]);
+            wide_store(y + row * cols, wide_col(j), cols, v + 4 * j);
+        }
+        if (threadIdx.x == 0) {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
+    }
+}
+
+// x̂ stays in registers and ĝ = g·gamma replaces g there; each column's sum of g·x̂ over the
+// part's rows accumulates in a register, its sum of g in the thread's own shared-memory column
+// dbeta[·][threadIdx.x] (registers for both would not fit 64).
+__device__ __forceinline__ void ln_bwd_x_wide(const float* __restrict__ x, const float* __restrict__ gamma,
+                                              const float* __restrict__ g, float* __restrict__ dx, float* __restrict__ partial,
+                                              int64_t rows, int cols, int64_t parts, float eps, float* slots, float2* sums,
+                                              float (*dbeta)[kWideMaxThreads]) {
+    constexpr int G = kWideBwdGroups;
+    const int t = static_cast<int>(threadIdx.x);
+    for (int64_t p = blockIdx.x; p < parts; p += gridDim.x) {
+        int64_t lo, hi;
+        capsule_part_range(rows, parts, p, lo, hi);
+        float dgamma[4 * G];
+#pragma unroll
+        for (int i = 0; i < 4 * G; ++i) dgamma[i] = dbeta[i][t] = 0.0f;
+        const float* xr = x + lo * cols;
+        const float* gr = g + lo * cols;
+        float* dr = dx + lo * cols;
+        for (int row = 0; row < static_cast<int>(hi - lo); ++row, xr += cols, gr += cols, dr += cols) {
+            float v[4 * G], gh[4 * G];
+            wide_load_row<G>(xr, cols, v);
+            wide_load_row<G>(gr, cols, gh);
+            float mu, r;
+            wide_stats<G>(v, cols, eps, slots, mu, r);
+            float2 s = make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int j = 0; j < G; ++j) {
+                float gm[4];
+                wide_load(gamma, wide_col(j), cols, gm);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int i = 4 * j + k;
+                    v[i] = wide_col(j) + k < cols ? capsule_norm_xhat(v[i], mu, r) : 0.0f;
+                    dgamma[i] = fmaf(gh[i], v[i], dgamma[i]);
+                    dbeta[i][t] += gh[i];
+                    gh[i] *= gm[k];
+                    s.x += gh[i];
+                    s.y = fmaf(gh[i], v[i], s.y);
+                }
+            }
+            s = block_sum2(s, sums);
+            const float m1 = s.x / static_cast<float>(cols), m2 = s.y / static_cast<float>(cols);
+#pragma unroll
+            for (int i = 0; i < 4 * G; ++i) v[i] = capsule_norm_dx(v[i], gh[i], r, m1, m2);
+#pragma unroll
+            for (int j = 0; j < G; ++j) wide_store(dr, wide_col(j), cols, v + 4 * j);
+        }
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const float b[4] = {dbeta[4 * j][t], dbeta[4 * j + 1][t], dbeta[4 * j + 2][t], dbeta[4 * j + 3][t]};
+            wide_store(partial + p * cols, wide_col(j), cols, dgamma + 4 * j);
+            wide_store(partial + (parts + p) * cols, wide_col(j), cols, b);
+        }
+    }
+}
+
+// capsule_layer_norm_bwd_x_wide where a buffer is not 16-byte aligned: the same parts, rows
+// streamed (statistics by Welford, as ln_bwd_x_block), each column's sums accumulated in place in
+// the partials by the one thread that owns the column.
+__device__ void ln_bwd_x_parts_streamed(const float* __restrict__ x, const float* __restrict__ gamma,
+                                        const float* __restrict__ g, float* __restrict__ dx, float* __restrict__ partial,
+                                        int64_t rows, int64_t cols, int64_t parts, float eps) {
+    __shared__ CapsuleWelford slots[kWideMaxWarps];
+    __shared__ float2 sums[kWideMaxWarps];
+    for (int64_t p = blockIdx.x; p < parts; p += gridDim.x) {
+        float* dgamma = partial + p * cols;
+        float* dbeta = partial + (parts + p) * cols;
+        for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) dgamma[i] = dbeta[i] = 0.0f;
+        int64_t lo, hi;
+        capsule_part_range(rows, parts, p, lo, hi);
+        for (int64_t row = lo; row < hi; ++row) {
+            const float* xr = x + row * cols;
+            const float* gr = g + row * cols;
+            const CapsuleWelford w = row_welford(xr, cols, false, slots);
+            const float mu = w.mean, r = capsule_norm_rstd(w.m2 / static_cast<float>(cols), eps);
+            float2 s = make_float2(0.0f, 0.0f);
+            for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+                const float gh = __ldg(gr + i) * __ldg(gamma + i);
+                s.x += gh;
+                s.y = fmaf(gh, capsule_norm_xhat(__ldg(xr + i), mu, r), s.y);
+            }
+            s = block_sum2(s, sums);
+            const float m1 = s.x / static_cast<float>(cols), m2 = s.y / static_cast<float>(cols);
+            for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+                const float gv = __ldg(gr + i), xh = capsule_norm_xhat(__ldg(xr + i), mu, r);
+                dx[row * cols + i] = capsule_norm_dx(xh, gv * __ldg(gamma + i), r, m1, m2);
+                dgamma[i] = fmaf(gv, xh, dgamma[i]);
+                dbeta[i] += gv;
+            }
+        }
+    }
+}
+
 // -- batch_norm helpers ---------------------------------------------------------------------------------
+
+// The group of 4 consecutive statistic indices of channel c at the walker `it` from p, into
+// v[0..3]: the first `valid` of them, zeros after; one 16-byte load when VEC (S a multiple of 4
+// and p 16-byte aligned: a group never leaves its plane), else element by element across planes.
+template <bool VEC>
+__device__ __forceinline__ void load_group(const float* __restrict__ p, const CapsulePlaneWalker& it, int64_t valid, float* v) {
+    if constexpr (VEC) {
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (valid > 0) a = __ldg(reinterpret_cast<const float4*>(p + it.offset));
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+    } else {
+        int64_t s = it.s, off = it.offset;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[k] = k < valid ? __ldg(p + off) : 0.0f;
+            if (++s == it.S) {
+                s = 0;
+                off += it.plane_gap + 1;
+            } else {
+                ++off;
+            }
+        }
+    }
+}
+
+// Channel c's statistic indices j = n·S + s in [lo, hi) (lo a multiple of 4) as groups of 4:
+// thread t takes groups t, t + blockDim.x, …, U of them (a chunk) at a time, every load of the
+// chunk issued before any is used, and calls f(xv, gv, count) with the chunk's values of x (and of
+// g when G) in group order, `count` of them valid (zeros after). Four 16-byte loads in flight a
+// thread: U = 4 groups of x, or 2 of x and g.
+template <bool G>
+constexpr int kChunkGroups = G ? 2 : 4;
+
+template <bool G, bool VEC, class F>
+__device__ __forceinline__ void chunks_of(const float* __restrict__ x, const float* __restrict__ g, int64_t c, int64_t channels,
+                                          int64_t spatial, int64_t lo, int64_t hi, F&& f) {
+    const int64_t step = blockDim.x;
+    const int64_t first = lo + 4 * static_cast<int64_t>(threadIdx.x);
+    if (first >= hi) return;
+    CapsulePlaneWalker it = capsule_plane_walker(first, 4 * step, c, channels, spatial);
+    constexpr int U = kChunkGroups<G>;
+    for (int64_t j = first; j < hi; j += 4 * U * step) {
+        float xv[4 * U], gv[G ? 4 * U : 1];
+        int count = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t e = j + 4 * u * step;
+            const int64_t valid = e < hi ? (hi - e < 4 ? hi - e : 4) : 0;
+            load_group<VEC>(x, it, valid, xv + 4 * u);
+            if constexpr (G) load_group<VEC>(g, it, valid, gv + 4 * u);
+            count += static_cast<int>(valid);
+            if (valid > 0) capsule_plane_advance(it);
+        }
+        f(xv, gv, count);
+    }
+}
+
+// chunks_of with the load chosen once (one copy of the loop per kind of load keeps registers
+// within 64).
+template <bool G, class F>
+__device__ __forceinline__ void channel_chunks(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
+                                               int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec, F&& f) {
+    if (vec) {
+        chunks_of<G, true>(x, g, c, channels, spatial, lo, hi, f);
+    } else {
+        chunks_of<G, false>(x, g, c, channels, spatial, lo, hi, f);
+    }
+}
 
 // Welford statistics of channel c over the part [lo, hi) of its N·S elements, over the block.
 __device__ __forceinline__ CapsuleWelford channel_welford(const float* __restrict__ x, int64_t c, int64_t channels,
-                                                          int64_t spatial, int64_t lo, int64_t hi, CapsuleWelford* slots) {
-    CapsuleWelford w = capsule_welford_empty();
-    const int64_t first = lo + threadIdx.x;
-    if (first < hi) {
-        CapsulePlaneWalker it = capsule_plane_walker(first, blockDim.x, c, channels, spatial);
-        for (int64_t j = first; j < hi; j += blockDim.x) {
-            capsule_welford_push(w, __ldg(x + it.offset));
-            capsule_plane_advance(it);
-        }
-    }
-    return block_merge(w, slots);
+                                                          int64_t spatial, int64_t lo, int64_t hi, bool vec,
+                                                          CapsuleWelford* slots) {
+    CapsuleChunkWelford w{0.0f, 0.0f, 0.0f};
+    channel_chunks<false>(x, nullptr, c, channels, spatial, lo, hi, vec,
+                          [&](const float (&xv)[4 * kChunkGroups<false>], const float (&)[1], int count) { capsule_chunk_push(w, xv, count); });
+    return block_merge(CapsuleWelford{static_cast<int64_t>(w.n), w.mean, w.m2}, slots);
 }
 
 __device__ __forceinline__ CapsuleComoment channel_comoment(const float* __restrict__ x, const float* __restrict__ g, int64_t c,
-                                                            int64_t channels, int64_t spatial, int64_t lo, int64_t hi,
+                                                            int64_t channels, int64_t spatial, int64_t lo, int64_t hi, bool vec,
                                                             CapsuleComoment* slots) {
-    CapsuleComoment w = capsule_comoment_empty();
-    const int64_t first = lo + threadIdx.x;
-    if (first < hi) {
-        CapsulePlaneWalker it = capsule_plane_walker(first, blockDim.x, c, channels, spatial);
-        for (int64_t j = first; j < hi; j += blockDim.x) {
-            capsule_comoment_push(w, __ldg(x + it.offset), __ldg(g + it.offset));
-            capsule_plane_advance(it);
-        }
-    }
-    return block_merge(w, slots);
+    CapsuleChunkComoment w{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    channel_chunks<true>(x, g, c, channels, spatial, lo, hi, vec,
+                         [&](const float (&xv)[4 * kChunkGroups<true>], const float (&gv)[4 * kChunkGroups<true>], int count) {
+                             capsule_chunk_push(w, xv, gv, count);
+                         });
+    return block_merge(CapsuleComoment{static_cast<int64_t>(w.n), w.mean_x, w.m2, w.mean_g, w.cxg, w.sum_g}, slots);
 }
 
 __device__ __forceinline__ int64_t part_count(int64_t total, int64_t parts, int64_t p) {
     int64_t lo, hi;
-    capsule_part_range(total, parts, p, lo, hi);
+    capsule_group_part_range(total, parts, p, lo, hi);
     return hi - lo;
 }
 
@@ -483,8 +726,7 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 2) void capsule_layer_norm_
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta, float* __restrict__ y,
     float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t cols, float eps) {
     const bool vec4 = cols % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta);
-    __shared__ float2 slots[kMaxWarps];
-    const bool cached = with_team_tile(cols, vec4, slots, [&](const auto& team, auto tile) {
+    const bool cached = with_warp_tile(cols, vec4, [&](const auto& team, auto tile) {
         using T = decltype(tile);
         ln_fwd_rows<T::kVec, T::kPer>(team, x, gamma, beta, y, mean, rstd, rows, cols, eps);
     });
@@ -497,12 +739,42 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 2) void capsule_layer_norm_
     const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ g, float* __restrict__ dx,
     float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t cols, float eps) {
     const bool vec4 = cols % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx) && aligned16(gamma);
-    __shared__ float2 slots[kMaxWarps];
-    const bool cached = with_team_tile(cols, vec4, slots, [&](const auto& team, auto tile) {
+    const bool cached = with_warp_tile(cols, vec4, [&](const auto& team, auto tile) {
         using T = decltype(tile);
         ln_bwd_x_rows<T::kVec, T::kPer>(team, x, gamma, g, dx, mean, rstd, rows, cols, eps);
     });
     if (!cached) ln_bwd_x_block(x, gamma, g, dx, mean, rstd, rows, cols, eps);
+}
+
+// Rows of up to 16·blockDim.x columns, cols a multiple of 4, a block per row held in registers
+// (streamed where a buffer is not 16-byte aligned): blockDim.x a multiple of 32, at most
+// kWideMaxThreads.
+extern "C" __global__ __launch_bounds__(kWideMaxThreads, 1) void capsule_layer_norm_fwd_wide(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta, float* __restrict__ y,
+    float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int64_t cols, float eps) {
+    __shared__ float slots[kWideMaxThreads / 32];
+    if (cols % 4 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) && aligned16(beta)) {
+        ln_fwd_wide(x, gamma, beta, y, mean, rstd, rows, static_cast<int>(cols), eps, slots);
+    } else {
+        ln_fwd_block(x, gamma, beta, y, mean, rstd, rows, cols, eps, false);
+    }
+}
+
+// dx of rows of up to 8·blockDim.x columns, cols a multiple of 4, a block per part of the rows (part p of `parts`, rows
+// in order), and the part's column sums of g·x̂ and g from the same registers: partial[p·cols + c]
+// (dgamma) and partial[(parts + p)·cols + c] (dbeta), summed over the parts by
+// capsule_layer_norm_bwd_params. blockDim.x a multiple of 32, at most kWideMaxThreads.
+extern "C" __global__ __launch_bounds__(kWideMaxThreads, 1) void capsule_layer_norm_bwd_x_wide(
+    const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ g, float* __restrict__ dx,
+    float* __restrict__ partial, int64_t rows, int64_t cols, int64_t parts, float eps) {
+    __shared__ float slots[kWideMaxThreads / 32];
+    __shared__ float2 sums[kWideMaxThreads / 32];
+    if (cols % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx) && aligned16(gamma) && aligned16(partial)) {
+        __shared__ float dbeta[4 * kWideBwdGroups][kWideMaxThreads];
+        ln_bwd_x_wide(x, gamma, g, dx, partial, rows, static_cast<int>(cols), parts, eps, slots, sums, dbeta);
+    } else {
+        ln_bwd_x_parts_streamed(x, gamma, g, dx, partial, rows, cols, parts, eps);
+    }
 }
 
 // Column partial sums of g·x̂ and g over the rows of part p (of `parts`), for blocks of
@@ -571,11 +843,12 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_
     const int64_t per_channel = n * spatial;
     if (stage == 0) {
         __shared__ CapsuleWelford slots[kMaxWarps];
+        const bool vec = spatial % 4 == 0 && aligned16(x);
         for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
             for (int64_t p = blockIdx.y; p < parts; p += gridDim.y) {
                 int64_t lo, hi;
-                capsule_part_range(per_channel, parts, p, lo, hi);
-                const CapsuleWelford w = channel_welford(x, c, channels, spatial, lo, hi, slots);
+                capsule_group_part_range(per_channel, parts, p, lo, hi);
+                const CapsuleWelford w = channel_welford(x, c, channels, spatial, lo, hi, vec, slots);
                 if (threadIdx.x == 0) {
                     partial[2 * (c * parts + p)] = w.mean;
                     partial[2 * (c * parts + p) + 1] = w.m2;
@@ -617,16 +890,17 @@ extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_
 
 // partial[5·(c·parts + p) + {0..4}] = mean of x, M2, mean of g, co-moment Σ(x − x̄)(g − ḡ), Σ g
 // of channel c over part p (grid: channels along x, parts along y).
-extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_batch_norm_bwd_partials(
+extern "C" __global__ __launch_bounds__(kMaxThreads, 4) void capsule_batch_norm_bwd_partials(
     const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ partial, int64_t n, int64_t channels,
     int64_t spatial, int64_t parts) {
     __shared__ CapsuleComoment slots[kMaxWarps];
     const int64_t per_channel = n * spatial;
+    const bool vec = spatial % 4 == 0 && aligned16(x) && aligned16(g);
     for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
         for (int64_t p = blockIdx.y; p < parts; p += gridDim.y) {
             int64_t lo, hi;
-            capsule_part_range(per_channel, parts, p, lo, hi);
-            const CapsuleComoment w = channel_comoment(x, g, c, channels, spatial, lo, hi, slots);
+            capsule_group_part_range(per_channel, parts, p, lo, hi);
+            const CapsuleComoment w = channel_comoment(x, g, c, channels, spatial, lo, hi, vec, slots);
             if (threadIdx.x == 0) {
                 float* out = partial + 5 * (c * parts + p);
                 out[0] = w.mean_x;

@@ -55,17 +55,6 @@ struct CapsuleComoment {
 
 CAPSULE_HD CapsuleComoment capsule_comoment_empty() { return CapsuleComoment{0, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}; }
 
-CAPSULE_HD void capsule_comoment_push(CapsuleComoment& w, float x, float g) {
-    w.n += 1;
-    const float inv = 1.0f / static_cast<float>(w.n);  // one division for both means
-    const float dx = x - w.mean_x;
-    w.mean_x = fmaf(dx, inv, w.mean_x);
-    w.mean_g = fmaf(g - w.mean_g, inv, w.mean_g);
-    w.m2 = fmaf(dx, x - w.mean_x, w.m2);
-    w.cxg = fmaf(dx, g - w.mean_g, w.cxg);
-    w.sum_g += g;
-}
-
 CAPSULE_HD CapsuleComoment capsule_comoment_merge(CapsuleComoment a, CapsuleComoment b) {
     if (b.n == 0) return a;
     if (a.n == 0) return b;
@@ -82,6 +71,73 @@ CAPSULE_HD CapsuleComoment capsule_comoment_merge(CapsuleComoment a, CapsuleComo
     r.cxg = fmaf(dx * dg, cross, a.cxg + b.cxg);
     r.sum_g = a.sum_g + b.sum_g;
     return r;
+}
+
+// A thread's running Welford state with a float count, fed a chunk of values at a time: the chunk's
+// mean (one division) and M2 about it (two-pass over the chunk), then Chan's merge (one division
+// for the weight). Per chunk, not per element: no divide or int64 conversion per value.
+struct CapsuleChunkWelford {
+    float n;
+    float mean;
+    float m2;
+};
+
+// Merges values v[0 .. count) (count ≥ 1) into w.
+template <int N>
+CAPSULE_HD void capsule_chunk_push(CapsuleChunkWelford& w, const float (&v)[N], int count) {
+    float s = 0.0f;
+    for (int i = 0; i < N; ++i)
+        if (i < count) s += v[i];
+    const float c = static_cast<float>(count), mean = s / c;
+    float m2 = 0.0f;
+    for (int i = 0; i < N; ++i) {
+        if (i < count) {
+            const float d = v[i] - mean;
+            m2 = fmaf(d, d, m2);
+        }
+    }
+    const float n = w.n + c, wb = c / n, d = mean - w.mean;
+    w.mean = fmaf(d, wb, w.mean);
+    w.m2 = fmaf(d * d, w.n * wb, w.m2 + m2);
+    w.n = n;
+}
+
+// The same for x and g together (batch_norm's backward): means of x and g, M2 of x, the co-moment
+// Σ(x − x̄)(g − ḡ) and the plain sum of g.
+struct CapsuleChunkComoment {
+    float n;
+    float mean_x;
+    float m2;
+    float mean_g;
+    float cxg;
+    float sum_g;
+};
+
+template <int N>
+CAPSULE_HD void capsule_chunk_push(CapsuleChunkComoment& w, const float (&x)[N], const float (&g)[N], int count) {
+    float sx = 0.0f, sg = 0.0f;
+    for (int i = 0; i < N; ++i) {
+        if (i < count) {
+            sx += x[i];
+            sg += g[i];
+        }
+    }
+    const float c = static_cast<float>(count), mx = sx / c, mg = sg / c;
+    float m2 = 0.0f, cxg = 0.0f;
+    for (int i = 0; i < N; ++i) {
+        if (i < count) {
+            const float dx = x[i] - mx;
+            m2 = fmaf(dx, dx, m2);
+            cxg = fmaf(dx, g[i] - mg, cxg);
+        }
+    }
+    const float n = w.n + c, wb = c / n, cross = w.n * wb, dx = mx - w.mean_x, dg = mg - w.mean_g;
+    w.mean_x = fmaf(dx, wb, w.mean_x);
+    w.mean_g = fmaf(dg, wb, w.mean_g);
+    w.m2 = fmaf(dx * dx, cross, w.m2 + m2);
+    w.cxg = fmaf(dx * dg, cross, w.cxg + cxg);
+    w.sum_g += sg;
+    w.n = n;
 }
 
 // -- the normalisation formulas --------------------------------------------------------------------
@@ -163,9 +219,17 @@ CAPSULE_HD void capsule_plane_advance(CapsulePlaneWalker& w) {
     }
 }
 
-// Part p of `parts` equal chunks of [0, total): [lo, hi), empty past the end.
+// Part p of [0, total) cut into `parts` balanced runs of whole groups of 4 (the last group may be
+// short): [lo, hi), lo a multiple of 4.
+CAPSULE_HD void capsule_group_part_range(int64_t total, int64_t parts, int64_t p, int64_t& lo, int64_t& hi) {
+    const int64_t groups = (total + 3) / 4;
+    lo = 4 * (p * groups / parts);
+    const int64_t end = 4 * ((p + 1) * groups / parts);
+    hi = end < total ? end : total;
+}
+
+// Part p of `parts` balanced chunks of [0, total) (lengths differ by at most one): [lo, hi).
 CAPSULE_HD void capsule_part_range(int64_t total, int64_t parts, int64_t p, int64_t& lo, int64_t& hi) {
-    const int64_t chunk = (total + parts - 1) / parts;
-    lo = p * chunk < total ? p * chunk : total;
-    hi = lo + chunk < total ? lo + chunk : total;
+    lo = p * total / parts;
+    hi = (p + 1) * total / parts;
 }

@@ -44,6 +44,10 @@ def test_plan_constants_match_the_kernels():
     assert int(re.search(r"kWarpRowMax = (\d+);", text)[1]) == plans.WARP_ROW_MAX
     assert int(re.search(r"kMaxThreads = (\d+);", text)[1]) >= plans.BLOCK
     assert plans.BLOCK % 32 == 0 and plans.COLUMN_TILE * plans.ROW_LANES <= plans.BLOCK
+    assert int(re.search(r"kWideMaxThreads = (\d+);", text)[1]) == plans.WIDE_MAX_THREADS
+    assert 4 * int(re.search(r"kWideFwdGroups = (\d+);", text)[1]) == plans.WIDE_FWD_FLOATS
+    assert 4 * int(re.search(r"kWideBwdGroups = (\d+);", text)[1]) == plans.WIDE_BWD_FLOATS
+    assert plans.WIDE_MIN_THREADS % 32 == 0 and plans.WIDE_MAX_THREADS % 32 == 0
 
 
 # -- the per-element math and reduction order, on the host ----------------------------------------
@@ -54,8 +58,8 @@ I64 = ctypes.c_int64
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     return declare(load("norm_host", host_build_dir), {
-        "host_layer_norm_fwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64],
-        "host_layer_norm_bwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64, I64],
+        "host_layer_norm_fwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64],
+        "host_layer_norm_bwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64, I64, I64],
         "host_batch_norm_fwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
         "host_batch_norm_bwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
         "host_welford": [F32P, I64, F32P],
@@ -69,36 +73,44 @@ def lib(host_build_dir):
     })
 
 
-def host_forward(lib, op, arrays, p, block=plans.BLOCK, parts=None):
+def host_forward(lib, op, arrays, p, block=None, parts=None):
+    """The plan's launch shape unless `block` (and `parts`) are given; layer_norm's wide rows take
+    the wide kernel's model only with the plan's own block."""
     x, gamma, beta = (f32(arrays[k]) for k in ("x", "gamma", "beta"))
     y = np.full(x.shape, np.nan, np.float32)
     if op == "layer_norm":
         rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
+        wide = plans.wide_threads(cols, plans.WIDE_FWD_FLOATS) if block is None else 0
         mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        lib.host_layer_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), rows, cols, p["eps"], block)
+        lib.host_layer_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), rows, cols, p["eps"],
+                                wide or block or plans.BLOCK, int(wide > 0))
     else:
         n, c, s = x.shape[0], x.shape[1], int(np.prod(x.shape[2:]))
         parts = parts or plans.channel_parts(n * s, c)
         mean, rstd = np.empty(c, np.float32), np.empty(c, np.float32)
-        lib.host_batch_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), n, c, s, p["eps"], block, parts)
+        lib.host_batch_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), n, c, s, p["eps"],
+                                block or plans.BLOCK, parts)
     return y
 
 
-def host_vjp(lib, op, arrays, p, g, block=plans.BLOCK, parts=None):
+def host_vjp(lib, op, arrays, p, g, block=None, parts=None):
     x, gamma, g = f32(arrays["x"]), f32(arrays["gamma"]), f32(g)
     channels = gamma.size
     dx = np.full(x.shape, np.nan, np.float32)
     dgamma, dbeta = np.full(channels, np.nan, np.float32), np.full(channels, np.nan, np.float32)
     if op == "layer_norm":
         rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
+        wide = plans.wide_threads(cols, plans.WIDE_BWD_FLOATS) if block is None else 0
+        if wide:
+            parts = plans.wide_parts(rows, wide)
         parts = parts or plans.column_parts(rows, cols)
-        lib.host_layer_norm_bwd(ptr(x), ptr(gamma), ptr(g), ptr(dx), ptr(dgamma), ptr(dbeta), rows, cols, p["eps"], block,
-                                parts, plans.ROW_LANES)
+        lib.host_layer_norm_bwd(ptr(x), ptr(gamma), ptr(g), ptr(dx), ptr(dgamma), ptr(dbeta), rows, cols, p["eps"],
+                                wide or block or plans.BLOCK, parts, plans.ROW_LANES, int(wide > 0))
     else:
         n, s = x.shape[0], int(np.prod(x.shape[2:]))
         parts = parts or plans.channel_parts(n * s, channels)
         lib.host_batch_norm_bwd(ptr(x), ptr(gamma), ptr(g), ptr(dx), ptr(dgamma), ptr(dbeta), n, channels, s, p["eps"],
-                                block, parts)
+                                block or plans.BLOCK, parts)
     return {"x": dx, "gamma": dgamma, "beta": dbeta}
 
 
@@ -139,13 +151,20 @@ def test_host_math_under_other_launch_shapes(lib, op):
 
 
 def test_host_layer_norm_row_paths_are_all_exercised():
-    """The samples reach the warp path (vector and scalar), the cached block path and the
-    streamed path under the plan's block."""
-    widths = {s.inputs["x"].shape[-1] for s in cases("layer_norm")}
+    """The samples reach the warp path (vector and scalar), the wide kernels (a block of 128 and of
+    more threads, several parts of several rows) and the streamed path, for rows of cols % 4 != 0
+    and for rows wider than a wide block holds."""
+    shapes = {s.inputs["x"].shape for s in cases("layer_norm")}
+    widths = {shape[-1] for shape in shapes}
     assert any(w <= plans.WARP_ROW_MAX and w % 4 == 0 for w in widths)
     assert any(w <= plans.WARP_ROW_MAX and w % 4 for w in widths)
-    assert any(plans.WARP_ROW_MAX < w <= 8 * plans.BLOCK for w in widths)
-    assert any(w > 8 * plans.BLOCK for w in widths)
+    for floats in (plans.WIDE_FWD_FLOATS, plans.WIDE_BWD_FLOATS):
+        assert any(plans.wide_threads(w, floats) == plans.WIDE_MIN_THREADS for w in widths)
+        assert any(plans.wide_threads(w, floats) > plans.WIDE_MIN_THREADS for w in widths)
+    assert any(plans.wide_threads(s[-1], plans.WIDE_BWD_FLOATS)
+               and int(np.prod(s[:-1])) > plans.wide_parts(int(np.prod(s[:-1])), 128) > 1 for s in shapes)
+    assert any(w > plans.WARP_ROW_MAX and w % 4 for w in widths)
+    assert any(w > plans.WIDE_FWD_MAX and w % 4 == 0 for w in widths)
 
 
 def test_constant_rows_have_exact_statistics(lib):
@@ -282,13 +301,36 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
         arrays, p, _ = validate(spec, {"x": np.zeros(shape, np.float32), "gamma": np.ones(shape[-1], np.float32),
                                        "beta": np.zeros(shape[-1], np.float32)}, {}, np.float32)
         (launch,) = plans.layer_norm_forward(arrays, p).launches
-        assert launch.block == (plans.BLOCK, 1, 1)
+        assert launch.symbol == "capsule_layer_norm_fwd" and launch.block == (plans.BLOCK, 1, 1)
         assert launch.grid[0] == min(plans.MAX_GRID_BLOCKS, -(-shape[0] // per_block))
         bwd = plans.layer_norm_backward(arrays, p)
         assert [launch.symbol for launch in bwd.launches] == [
             "capsule_layer_norm_bwd_x", "capsule_layer_norm_bwd_partials", "capsule_layer_norm_bwd_params"]
         parts = bwd.launches[1].args[-1]
         assert bwd.buffer("partial").elements == 2 * parts * shape[-1] and bwd.launches[1].grid[1] == parts
+    # wide rows: a block per row (forward) or per part of the rows (backward), each thread holding
+    # at most WIDE_FWD_FLOATS (WIDE_BWD_FLOATS) of the row; the backward fills one wave
+    for shape, fwd_threads, bwd_threads in (((4096, 8192), 512, 1024), ((4096, 4096), 256, 512),
+                                            ((7, 260), 128, 128), ((64, 16384), 1024, 0)):
+        arrays, p, _ = validate(spec, {"x": np.zeros(shape, np.float32), "gamma": np.ones(shape[-1], np.float32),
+                                       "beta": np.zeros(shape[-1], np.float32)}, {}, np.float32)
+        (launch,) = plans.layer_norm_forward(arrays, p).launches
+        assert (launch.symbol, launch.block, launch.grid) == ("capsule_layer_norm_fwd_wide", (fwd_threads, 1, 1),
+                                                              (shape[0], 1, 1))
+        assert fwd_threads * plans.WIDE_FWD_FLOATS >= shape[-1]
+        bwd = plans.layer_norm_backward(arrays, p)
+        if not bwd_threads:
+            assert bwd.launches[0].symbol == "capsule_layer_norm_bwd_x"
+            continue
+        wide, params = bwd.launches
+        parts = wide.args[-2]
+        assert (wide.symbol, wide.block, wide.grid) == ("capsule_layer_norm_bwd_x_wide", (bwd_threads, 1, 1), (parts, 1, 1))
+        assert bwd_threads * plans.WIDE_BWD_FLOATS >= shape[-1] and params.args[-1] == parts
+        assert bwd.buffer("partial").elements == 2 * parts * shape[-1]
+        assert parts == min(shape[0], max(132, min(-(-shape[0] // plans.WIDE_ROW_PART), 132 * (1024 // bwd_threads))))
+    for rows, threads, parts in ((8, 1024, 8), (512, 1024, 132), (4096, 1024, 132), (4096, 512, 264), (2048, 128, 256),
+                                 (100_000, 128, 1056)):
+        assert plans.wide_parts(rows, threads) == parts
     spec = get_spec("batch_norm")
     arrays, p, _ = validate(spec, {"x": np.zeros((16, 64, 32, 32), np.float32), "gamma": np.ones(64, np.float32),
                                    "beta": np.zeros(64, np.float32)}, {}, np.float32)

@@ -1,16 +1,21 @@
 """Launch plans of the normalisation family (cuda/norm.cu): layer_norm and batch_norm.
 
-layer_norm: one launch forward (a warp per row up to 256 columns, else a block per row); the
-backward recomputes the row statistics in its dx launch (capsule_layer_norm_bwd_x leaves them in
-the mean/rstd workspaces), then dgamma and dbeta in two deterministic stages: column partial
-sums per part of the rows, then a sum over the parts in order.
+layer_norm: rows up to WARP_ROW_MAX columns get a warp each (capsule_layer_norm_fwd/_bwd_x); wide
+rows (cols a multiple of 4, up to WIDE_FWD_MAX forward and WIDE_BWD_MAX backward) get a block each
+that holds the row in registers (capsule_layer_norm_fwd_wide; capsule_layer_norm_bwd_x_wide, a
+block per part of the rows, which also writes the part's column sums for dgamma and dbeta);
+other rows a block each, streamed (the general kernels). The general backward recomputes the row
+statistics in its dx launch (leaving them in the mean/rstd workspaces), then takes column partial
+sums per part of the rows; both backwards end with capsule_layer_norm_bwd_params, the sum over the
+parts in order.
 
 batch_norm: the forward is capsule_batch_norm_fwd launched three times (stage 0 per-(channel,
 part) Welford partials, stage 1 the merge per channel, stage 2 the elementwise pass); the
 backward is partials of (statistics, Σg, co-moment) per (channel, part), their merge into mean,
 rstd, dgamma, dbeta, then dx elementwise.
 
-Every block has BLOCK threads (a multiple of 32, as the warp reductions need), except the column
+Every block has BLOCK threads (a multiple of 32, as the warp reductions need), except the wide
+layer_norm kernels (wide_threads: a multiple of 32, at most WIDE_MAX_THREADS) and the column
 partial sums of layer_norm (COLUMN_TILE columns by ROW_LANES rows).
 """
 
@@ -34,6 +39,18 @@ ELEMENT_PART = 2048
 """At least this many elements per (channel, part) block of the batch_norm partial statistics."""
 ROW_PART = 32
 """At least this many rows per part of layer_norm's column partial sums."""
+WIDE_MAX_THREADS = 1024
+WIDE_FWD_FLOATS, WIDE_BWD_FLOATS = 16, 8
+"""Floats of the row each thread of the wide kernels holds (cuda/norm.cu's 4·kWideFwdGroups and
+4·kWideBwdGroups)."""
+WIDE_FWD_MAX, WIDE_BWD_MAX = WIDE_FWD_FLOATS * WIDE_MAX_THREADS, WIDE_BWD_FLOATS * WIDE_MAX_THREADS
+WIDE_MIN_THREADS = 128
+WIDE_BWD_THREADS_PER_SM = 1024
+"""Threads of capsule_layer_norm_bwd_x_wide a multiprocessor holds (64 registers each)."""
+WIDE_ROW_PART = 8
+"""Rows per part of the wide backward beyond one block per multiprocessor (its column partials
+cost 2·cols floats a part, written and read once)."""
+SMS = 132
 
 
 def _ceil(a: int, b: int) -> int:
@@ -41,9 +58,25 @@ def _ceil(a: int, b: int) -> int:
 
 
 def row_grid(rows: int, cols: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """A warp per row for short rows (BLOCK/32 rows per block), a block per row otherwise."""
+    """The general kernels: a warp per row for short rows (BLOCK/32 rows per block), a block per row otherwise."""
     per_block = BLOCK // 32 if cols <= WARP_ROW_MAX else 1
     return (max(1, min(MAX_GRID_BLOCKS, _ceil(rows, per_block))), 1, 1), (BLOCK, 1, 1)
+
+
+def wide_threads(cols: int, floats: int) -> int:
+    """Threads of a wide-row block holding `floats` of the row each (a multiple of 32), or 0 when
+    the row is not wide: short enough for a warp, longer than a block holds, or cols % 4 != 0."""
+    if cols <= WARP_ROW_MAX or cols % 4 or cols > floats * WIDE_MAX_THREADS:
+        return 0
+    return max(WIDE_MIN_THREADS, 32 * _ceil(cols, 32 * floats))
+
+
+def wide_parts(rows: int, threads: int) -> int:
+    """Parts of the rows for the wide backward: a block per multiprocessor at least (as rows allow),
+    up to one wave of blocks while each part keeps WIDE_ROW_PART rows (the column partials of a
+    part cost as much traffic as 4/3 of a row)."""
+    wave = SMS * max(1, WIDE_BWD_THREADS_PER_SM // threads)
+    return max(1, min(rows, max(SMS, min(wave, _ceil(rows, WIDE_ROW_PART))), GRID_LIMITS[0]))
 
 
 def column_parts(rows: int, cols: int) -> int:
@@ -76,30 +109,43 @@ def _rows_cols(x: np.ndarray) -> tuple[int, int]:
 def layer_norm_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x = inputs["x"]
     rows, cols = _rows_cols(x)
-    grid, block = row_grid(rows, cols)
     buffers = (_f32("x", "input", x.size), _f32("gamma", "input", cols), _f32("beta", "input", cols),
                _f32("out", "output", x.size), _f32("mean", "workspace", rows), _f32("rstd", "workspace", rows))
-    launch = Launch("capsule_layer_norm_fwd", grid, block,
-                    ("x", "gamma", "beta", "out", "mean", "rstd", rows, cols, np.float32(p["eps"])))
+    args = ("x", "gamma", "beta", "out", "mean", "rstd", rows, cols, np.float32(p["eps"]))
+    threads = wide_threads(cols, WIDE_FWD_FLOATS)
+    if threads:
+        launch = Launch("capsule_layer_norm_fwd_wide", (max(1, min(MAX_GRID_BLOCKS, rows)), 1, 1), (threads, 1, 1), args)
+    else:
+        launch = Launch("capsule_layer_norm_fwd", *row_grid(rows, cols), args)
     return LaunchPlan("layer_norm", "forward", buffers, (launch,), output_shapes={"out": tuple(x.shape)})
 
 
 def layer_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x = inputs["x"]
     rows, cols = _rows_cols(x)
-    parts = column_parts(rows, cols)
-    grid, block = row_grid(rows, cols)
-    buffers = (_f32("x", "input", x.size), _f32("gamma", "input", cols), _f32("g", "input", x.size),
-               _f32("dx", "output", x.size), _f32("dgamma", "output", cols), _f32("dbeta", "output", cols),
-               _f32("mean", "workspace", rows), _f32("rstd", "workspace", rows),
-               _f32("partial", "workspace", 2 * parts * cols))
-    launches = (
-        Launch("capsule_layer_norm_bwd_x", grid, block,
-               ("x", "gamma", "g", "dx", "mean", "rstd", rows, cols, np.float32(p["eps"]))),
-        Launch("capsule_layer_norm_bwd_partials", (max(1, min(_ceil(cols, COLUMN_TILE), GRID_LIMITS[0])), parts, 1),
-               (COLUMN_TILE, ROW_LANES, 1), ("x", "g", "mean", "rstd", "partial", rows, cols, parts)),
-        Launch("capsule_layer_norm_bwd_params", *grid_1d(cols, BLOCK), ("partial", "dgamma", "dbeta", cols, parts)),
-    )
+    eps = np.float32(p["eps"])
+    threads = wide_threads(cols, WIDE_BWD_FLOATS)
+    parts = wide_parts(rows, threads) if threads else column_parts(rows, cols)
+    outputs = (_f32("x", "input", x.size), _f32("gamma", "input", cols), _f32("g", "input", x.size),
+               _f32("dx", "output", x.size), _f32("dgamma", "output", cols), _f32("dbeta", "output", cols))
+    partial = _f32("partial", "workspace", 2 * parts * cols)
+    params = Launch("capsule_layer_norm_bwd_params", *grid_1d(cols, BLOCK), ("partial", "dgamma", "dbeta", cols, parts))
+    if threads:
+        buffers = outputs + (partial,)
+        launches = (
+            Launch("capsule_layer_norm_bwd_x_wide", (parts, 1, 1), (threads, 1, 1),
+                   ("x", "gamma", "g", "dx", "partial", rows, cols, parts, eps)),
+            params,
+        )
+    else:
+        grid, block = row_grid(rows, cols)
+        buffers = outputs + (_f32("mean", "workspace", rows), _f32("rstd", "workspace", rows), partial)
+        launches = (
+            Launch("capsule_layer_norm_bwd_x", grid, block, ("x", "gamma", "g", "dx", "mean", "rstd", rows, cols, eps)),
+            Launch("capsule_layer_norm_bwd_partials", (max(1, min(_ceil(cols, COLUMN_TILE), GRID_LIMITS[0])), parts, 1),
+                   (COLUMN_TILE, ROW_LANES, 1), ("x", "g", "mean", "rstd", "partial", rows, cols, parts)),
+            params,
+        )
     return LaunchPlan("layer_norm", "backward", buffers, launches,
                       output_shapes={"dx": tuple(x.shape), "dgamma": (cols,), "dbeta": (cols,)})
 
@@ -157,5 +203,9 @@ PLANS = {
 }
 
 
-BUDGET = KernelBudget(max_registers=register_budget(BLOCK))
-"""A block of BLOCK threads fits on a multiprocessor."""
+BUDGET = KernelBudget(max_registers=register_budget(BLOCK), registers={
+    "capsule_layer_norm_fwd_wide": register_budget(WIDE_MAX_THREADS),
+    "capsule_layer_norm_bwd_x_wide": register_budget(WIDE_BWD_THREADS_PER_SM),
+})
+"""A block of BLOCK threads fits on a multiprocessor; the wide kernels' a block of
+WIDE_MAX_THREADS (the backward's 64 registers are what wide_parts sizes its wave by)."""

@@ -44,25 +44,23 @@ W team_merge(std::vector<W> v) {
 }
 
 constexpr int64_t kWarpRowMax = 256;
+constexpr int64_t kWideFwdGroups = 4, kWideBwdGroups = 2;
 
 // How the kernels hold one row: `team` members (a warp, or the block), `per` vectors of `vec`
-// floats each, or streamed (per = 0) by a block.
+// floats each, or streamed (per = 0) by a block. `wide_groups` > 0: the wide kernels' layout
+// (groups of 4 columns, that many a thread, over a block of `block` threads).
 struct RowLayout {
     int64_t team, vec, per;
 };
 
-RowLayout row_layout(int64_t cols, int64_t block) {
+RowLayout row_layout(int64_t cols, int64_t block, int64_t wide_groups) {
+    if (wide_groups > 0) return RowLayout{block, 4, wide_groups};
+    if (cols > kWarpRowMax) return RowLayout{block, cols % 4 == 0 ? 4 : 1, 0};
     const int64_t vec = cols % 4 == 0 ? 4 : 1;
-    const int64_t team = cols <= kWarpRowMax ? 32 : block;
-    int64_t per = (cols + vec * team - 1) / (vec * team);
-    const int64_t max_per = vec == 4 ? 2 : 8;
-    if (per > max_per) per = 0;
-    else {
-        int64_t p = 1;
-        while (p < per) p *= 2;
-        per = p;
-    }
-    return RowLayout{team, vec, per};
+    int64_t per = (cols + vec * 32 - 1) / (vec * 32);
+    int64_t p = 1;
+    while (p < per) p *= 2;
+    return RowLayout{32, vec, p};
 }
 
 int64_t tile_col(const RowLayout& L, int64_t m, int64_t j) { return (j * L.team + m) * L.vec; }
@@ -113,9 +111,10 @@ void row_stats(const float* x, int64_t cols, float eps, const RowLayout& L, bool
 
 }  // namespace
 
+// `wide`: capsule_layer_norm_fwd_wide with a block of `block` threads; else capsule_layer_norm_fwd.
 extern "C" void host_layer_norm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
-                                    int64_t rows, int64_t cols, float eps, int64_t block) {
-    const RowLayout L = row_layout(cols, block);
+                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t wide) {
+    const RowLayout L = row_layout(cols, block, wide ? kWideFwdGroups : 0);
     for (int64_t row = 0; row < rows; ++row) {
         const float* xr = x + row * cols;
         float mu, r;
@@ -128,10 +127,12 @@ extern "C" void host_layer_norm_fwd(const float* x, const float* gamma, const fl
 }
 
 // dx per row as capsule_layer_norm_bwd_x, then dgamma, dbeta as bwd_partials (row lanes
-// `lanes`, parts `parts`) and bwd_params.
+// `lanes`, parts `parts`) and bwd_params; with `wide` as capsule_layer_norm_bwd_x_wide (a block of
+// `block` threads per part, each column's sums over the part's rows in row order) and bwd_params.
 extern "C" void host_layer_norm_bwd(const float* x, const float* gamma, const float* g, float* dx, float* dgamma, float* dbeta,
-                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t parts, int64_t lanes) {
-    const RowLayout L = row_layout(cols, block);
+                                    int64_t rows, int64_t cols, float eps, int64_t block, int64_t parts, int64_t lanes,
+                                    int64_t wide) {
+    const RowLayout L = row_layout(cols, block, wide ? kWideBwdGroups : 0);
     std::vector<float> mean(rows), rstd(rows);
     for (int64_t row = 0; row < rows; ++row) {
         const float* xr = x + row * cols;
@@ -169,9 +170,9 @@ extern "C" void host_layer_norm_bwd(const float* x, const float* gamma, const fl
             int64_t lo, hi;
             capsule_part_range(rows, parts, p, lo, hi);
             float tg = 0.0f, tb = 0.0f;
-            for (int64_t lane = 0; lane < lanes; ++lane) {
+            for (int64_t lane = 0; lane < (wide ? 1 : lanes); ++lane) {
                 float ag = 0.0f, ab = 0.0f;
-                for (int64_t r = lo + lane; r < hi; r += lanes) {
+                for (int64_t r = lo + lane; r < hi; r += (wide ? 1 : lanes)) {
                     const float gv = g[r * cols + c];
                     ag = fmaf(gv, capsule_norm_xhat(x[r * cols + c], mean[r], rstd[r]), ag);
                     ab += gv;
@@ -194,22 +195,57 @@ extern "C" void host_layer_norm_bwd(const float* x, const float* gamma, const fl
 
 namespace {
 
-// Channel c's statistics as the partial launch and the merge compute them.
-template <class W, class Push>
-W channel_state(int64_t n, int64_t channels, int64_t spatial, int64_t c, int64_t block, int64_t parts, W empty, Push push) {
+// Group u of a chunk: the `valid` values of channel c's 4 consecutive statistic indices at the
+// walker, zeros after (load_group's element walk; its 16-byte load reads the same values).
+void load_group(const float* p, const CapsulePlaneWalker& it, int64_t valid, float* v) {
+    int64_t s = it.s, off = it.offset;
+    for (int k = 0; k < 4; ++k) {
+        v[k] = k < valid ? p[off] : 0.0f;
+        if (++s == it.S) {
+            s = 0;
+            off += it.plane_gap + 1;
+        } else {
+            ++off;
+        }
+    }
+}
+
+CapsuleWelford finish(const CapsuleChunkWelford& w) { return CapsuleWelford{static_cast<int64_t>(w.n), w.mean, w.m2}; }
+
+CapsuleComoment finish(const CapsuleChunkComoment& w) {
+    return CapsuleComoment{static_cast<int64_t>(w.n), w.mean_x, w.m2, w.mean_g, w.cxg, w.sum_g};
+}
+
+// Channel c's statistics as the partial launch and the merge compute them: per part, each thread
+// its groups t, t + block, … in chunks of U groups (channel_chunks), then the block merge.
+template <int U, class W, class C, class Push>
+W channel_state(const float* x, const float* g, int64_t n, int64_t channels, int64_t spatial, int64_t c, int64_t block,
+                int64_t parts, W empty, C chunk_empty, Push push) {
     const int64_t per_channel = n * spatial;
     W total = empty;
     for (int64_t p = 0; p < parts; ++p) {
         int64_t lo, hi;
-        capsule_part_range(per_channel, parts, p, lo, hi);
+        capsule_group_part_range(per_channel, parts, p, lo, hi);
         std::vector<W> w(block, empty);
         for (int64_t t = 0; t < block; ++t) {
-            if (lo + t >= hi) continue;
-            CapsulePlaneWalker it = capsule_plane_walker(lo + t, block, c, channels, spatial);
-            for (int64_t j = lo + t; j < hi; j += block) {
-                push(w[t], it.offset);
-                capsule_plane_advance(it);
+            const int64_t first = lo + 4 * t;
+            if (first >= hi) continue;
+            CapsulePlaneWalker it = capsule_plane_walker(first, 4 * block, c, channels, spatial);
+            C state = chunk_empty;
+            for (int64_t j = first; j < hi; j += 4 * U * block) {
+                float xv[4 * U], gv[4 * U];
+                int count = 0;
+                for (int u = 0; u < U; ++u) {
+                    const int64_t e = j + 4 * u * block;
+                    const int64_t valid = e < hi ? (hi - e < 4 ? hi - e : 4) : 0;
+                    load_group(x, it, valid, xv + 4 * u);
+                    if (g) load_group(g, it, valid, gv + 4 * u);
+                    count += static_cast<int>(valid);
+                    if (valid > 0) capsule_plane_advance(it);
+                }
+                push(state, xv, gv, count);
             }
+            w[t] = finish(state);
         }
         W part = team_merge(w);
         part.n = hi - lo;  // the merge kernel knows the count from the part's bounds
@@ -223,8 +259,9 @@ W channel_state(int64_t n, int64_t channels, int64_t spatial, int64_t c, int64_t
 extern "C" void host_batch_norm_fwd(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                                     int64_t n, int64_t channels, int64_t spatial, float eps, int64_t block, int64_t parts) {
     for (int64_t c = 0; c < channels; ++c) {
-        const CapsuleWelford w = channel_state(n, channels, spatial, c, block, parts, capsule_welford_empty(),
-                                               [&](CapsuleWelford& s, int64_t i) { capsule_welford_push(s, x[i]); });
+        const CapsuleWelford w = channel_state<4>(
+            x, nullptr, n, channels, spatial, c, block, parts, capsule_welford_empty(), CapsuleChunkWelford{0.0f, 0.0f, 0.0f},
+            [](CapsuleChunkWelford& s, const float (&xv)[16], const float (&)[16], int count) { capsule_chunk_push(s, xv, count); });
         mean[c] = w.mean;
         rstd[c] = capsule_norm_rstd(w.m2 / static_cast<float>(n * spatial), eps);
     }
@@ -238,8 +275,12 @@ extern "C" void host_batch_norm_bwd(const float* x, const float* gamma, const fl
                                     int64_t n, int64_t channels, int64_t spatial, float eps, int64_t block, int64_t parts) {
     std::vector<float> mean(channels), rstd(channels);
     for (int64_t c = 0; c < channels; ++c) {
-        const CapsuleComoment w = channel_state(n, channels, spatial, c, block, parts, capsule_comoment_empty(),
-                                                [&](CapsuleComoment& s, int64_t i) { capsule_comoment_push(s, x[i], g[i]); });
+        const CapsuleComoment w = channel_state<2>(
+            x, g, n, channels, spatial, c, block, parts, capsule_comoment_empty(),
+            CapsuleChunkComoment{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
+            [](CapsuleChunkComoment& s, const float (&xv)[8], const float (&gv)[8], int count) {
+                capsule_chunk_push(s, xv, gv, count);
+            });
         rstd[c] = capsule_norm_rstd(w.m2 / static_cast<float>(n * spatial), eps);
         mean[c] = w.mean_x;
         dgamma[c] = w.cxg * rstd[c];
