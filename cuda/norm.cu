@@ -365,6 +365,27 @@ __device__ void ln_fwd_block(const float* __restrict__ x, const float* __restric
     }
 }
 
+// A streamed row of the backward: its statistics (Welford over x) and the two means of the dx
+// rule, m1 = mean(g·gamma) and m2 = mean(g·gamma·x̂), each a block-wide sum in a fixed order.
+struct StreamedRow {
+    float mu, r, m1, m2;
+};
+
+__device__ __forceinline__ StreamedRow streamed_row(const float* __restrict__ xr, const float* __restrict__ gr,
+                                                    const float* __restrict__ gamma, int64_t cols, float eps,
+                                                    CapsuleWelford* slots, float2* sums) {
+    const CapsuleWelford w = row_welford(xr, cols, false, slots);
+    const float mu = w.mean, r = capsule_norm_rstd(w.m2 / static_cast<float>(cols), eps);
+    float2 s = make_float2(0.0f, 0.0f);
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float gh = __ldg(gr + i) * __ldg(gamma + i);
+        s.x += gh;
+        s.y = fmaf(gh, capsule_norm_xhat(__ldg(xr + i), mu, r), s.y);
+    }
+    s = block_sum2(s, sums);
+    return StreamedRow{mu, r, s.x / static_cast<float>(cols), s.y / static_cast<float>(cols)};
+}
+
 __device__ void ln_bwd_x_block(const float* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ g,
                                float* __restrict__ dx, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                                int64_t cols, float eps) {
@@ -373,23 +394,14 @@ __device__ void ln_bwd_x_block(const float* __restrict__ x, const float* __restr
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const float* xr = x + row * cols;
         const float* gr = g + row * cols;
-        const CapsuleWelford w = row_welford(xr, cols, false, slots);
-        const float mu = w.mean, r = capsule_norm_rstd(w.m2 / static_cast<float>(cols), eps);
-        float2 s = make_float2(0.0f, 0.0f);
+        const StreamedRow t = streamed_row(xr, gr, gamma, cols, eps, slots, sums);
         for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
             const float gh = __ldg(gr + i) * __ldg(gamma + i);
-            s.x += gh;
-            s.y = fmaf(gh, capsule_norm_xhat(__ldg(xr + i), mu, r), s.y);
-        }
-        s = block_sum2(s, sums);
-        const float m1 = s.x / static_cast<float>(cols), m2 = s.y / static_cast<float>(cols);
-        for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-            const float gh = __ldg(gr + i) * __ldg(gamma + i);
-            dx[row * cols + i] = capsule_norm_dx(capsule_norm_xhat(__ldg(xr + i), mu, r), gh, r, m1, m2);
+            dx[row * cols + i] = capsule_norm_dx(capsule_norm_xhat(__ldg(xr + i), t.mu, t.r), gh, t.r, t.m1, t.m2);
         }
         if (threadIdx.x == 0) {
-            mean[row] = mu;
-            rstd[row] = r;
+            mean[row] = t.mu;
+            rstd[row] = t.r;
         }
     }
 }
@@ -563,19 +575,10 @@ __device__ void ln_bwd_x_parts_streamed(const float* __restrict__ x, const float
         for (int64_t row = lo; row < hi; ++row) {
             const float* xr = x + row * cols;
             const float* gr = g + row * cols;
-            const CapsuleWelford w = row_welford(xr, cols, false, slots);
-            const float mu = w.mean, r = capsule_norm_rstd(w.m2 / static_cast<float>(cols), eps);
-            float2 s = make_float2(0.0f, 0.0f);
+            const StreamedRow t = streamed_row(xr, gr, gamma, cols, eps, slots, sums);
             for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-                const float gh = __ldg(gr + i) * __ldg(gamma + i);
-                s.x += gh;
-                s.y = fmaf(gh, capsule_norm_xhat(__ldg(xr + i), mu, r), s.y);
-            }
-            s = block_sum2(s, sums);
-            const float m1 = s.x / static_cast<float>(cols), m2 = s.y / static_cast<float>(cols);
-            for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-                const float gv = __ldg(gr + i), xh = capsule_norm_xhat(__ldg(xr + i), mu, r);
-                dx[row * cols + i] = capsule_norm_dx(xh, gv * __ldg(gamma + i), r, m1, m2);
+                const float gv = __ldg(gr + i), xh = capsule_norm_xhat(__ldg(xr + i), t.mu, t.r);
+                dx[row * cols + i] = capsule_norm_dx(xh, gv * __ldg(gamma + i), t.r, t.m1, t.m2);
                 dgamma[i] = fmaf(gv, xh, dgamma[i]);
                 dbeta[i] += gv;
             }
