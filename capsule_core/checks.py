@@ -13,7 +13,7 @@ CHECKS = {
     "determinism": "two runs give the same bits",
     "rng": "the seeded stream: same seed same bits, other seed other bits, bitwise the reference generator",
     "selection.ties": "under ties each window's gradient goes to exactly one tied position",
-    "bounds": "no write outside the outputs, every output element written",
+    "bounds": "no write past any buffer (outputs, inputs, workspaces), every output element written",
     "inputs.intact": "every input buffer bitwise unchanged",
 }
 

@@ -54,11 +54,14 @@ class GuardedOutput:
 
 @dataclass(frozen=True)
 class Run:
-    """What a backend returns: the inputs as they were after the launch (device buffers read back)
-    and the number of kernel launches it made."""
+    """What a backend returns: the inputs as they were after the launch (device buffers read back),
+    the number of kernel launches it made, and `overruns`: {buffer name: guard elements changed}
+    for every guarded buffer other than the outputs (inputs, meta data, workspaces) that a kernel
+    wrote past."""
 
     inputs_after: Mapping[str, object]
     launches: int
+    overruns: Mapping[str, int] = field(default_factory=dict)
 
 
 class Backend(Protocol):

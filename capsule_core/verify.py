@@ -102,6 +102,7 @@ class _Case:
     y: np.ndarray | None = None
     grads: dict | None = None
     outputs: list = field(default_factory=list)
+    overruns: list = field(default_factory=list)
     intact: list = field(default_factory=list)
     error: str | None = None
     f32: Float32Run | None = None
@@ -239,6 +240,7 @@ class _Run:
             run = self.backend.forward(self.spec, given, dict(case.sample.params), out)
             case.y = out.view.copy()
             case.outputs.append(("forward", out))
+            case.overruns += [(f"forward {name}", n) for name, n in run.overruns.items()]
             case.intact.append(("forward", all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)))
             if self.spec.has_vjp:
                 grads = gradient_outputs(self.spec, case.arrays)
@@ -249,6 +251,7 @@ class _Run:
                               for k, v in grads.items()}
                 for k, v in grads.items():
                     case.outputs += [(f"d{k}", x) for x in (v if isinstance(v, tuple) else (v,))]
+                case.overruns += [(f"backward {name}", n) for name, n in run.overruns.items()]
                 intact = all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)
                 intact = intact and _same_bits(run.inputs_after.get("g", g), case.g)
                 case.intact.append(("backward", intact))
@@ -411,6 +414,11 @@ class _Run:
                                                  f"{unwritten} of {out.size} elements never written" if unwritten else "") if t)
                     return Result("bounds", Status.FAILED, f"{label} {case.sample.summary()}: {what}",
                                   case=case.sample.case, cases=count, repro=self.repro("bounds", case.sample.case))
+            if case.overruns:
+                label, damage = case.overruns[0]
+                return Result("bounds", Status.FAILED, f"{label} {case.sample.summary()}: {damage} guard elements "
+                              f"overwritten (a write past the buffer)", case=case.sample.case, cases=count,
+                              repro=self.repro("bounds", case.sample.case))
         if not count:
             return Result("bounds", Status.SKIPPED, "no case ran")
         return Result("bounds", Status.PASSED, "guard bands intact, every element written", cases=count,

@@ -16,7 +16,9 @@
 // - a misaligned access (a float4 at an address not a multiple of 16) ends the launch with an error
 //   (the build instruments every typed access with -fsanitize=alignment; the handler is here);
 // - shared memory, static and dynamic, holds a NaN pattern at the start of every block, as a GPU
-//   holds stale bits, so a read before a write cannot pass for zeros.
+//   holds stale bits, so a read before a write cannot pass for zeros;
+// - a hardware fault in a kernel thread (a wild address, an integer division by zero) ends the
+//   launch with an error naming the kernel, block, thread and signal, not the host process.
 // Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers then switch
 // through ucontext, which the runtimes understand) and, for racecheck, CAPSULE_EMU_TSAN (every
 // thread a TSan fiber, barriers and shuffles release/acquire among their participants, a launch
@@ -37,6 +39,9 @@
 #if defined(CAPSULE_EMU_SANITIZE) || !defined(__x86_64__)
 #define CAPSULE_EMU_UCONTEXT 1
 #include <ucontext.h>
+#endif
+#if !defined(CAPSULE_EMU_SANITIZE)
+#include <signal.h>
 #endif
 #if defined(CAPSULE_EMU_VALGRIND)
 #include <valgrind/memcheck.h>
@@ -295,6 +300,8 @@ struct State {
     void (*body)(const void*) = nullptr;
     const void* body_data = nullptr;
     std::string error;
+    int fault_signal = 0, fault_code = 0;  // a kernel thread's hardware fault (signal number, si_code)
+    const void* fault_address = nullptr;
 };
 
 inline State state;
@@ -360,6 +367,66 @@ CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
     state.aborted = true;
     for (;;) to_scheduler();
 }
+
+#if !defined(CAPSULE_EMU_SANITIZE)
+// A hardware fault in kernel code ends the launch as __trap does: the handler runs on the faulting
+// fiber's stack and leaves it for the scheduler, never returning to the faulting instruction
+// (SA_NODEFER: the signal is not left blocked). It only notes the fault; run_block words the error
+// once back on the scheduler's stack. A fault outside a kernel thread (the emulator's own, or
+// another OS thread's) goes to the handler that was there before the launch. Sanitizer builds
+// leave faults to their runtimes.
+constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+inline struct sigaction saved_actions[4];
+inline thread_local bool launching = false;
+
+inline void restore_fault_handlers() {
+    for (int i = 0; i < 4; ++i) sigaction(kFaultSignals[i], &saved_actions[i], nullptr);
+}
+
+inline void on_fault(int signo, siginfo_t* info, void*) {
+    if (!launching || !state.current || state.aborted) {
+        restore_fault_handlers();  // the faulting instruction runs again, under the previous handler
+        return;
+    }
+    state.fault_signal = signo;
+    state.fault_code = info->si_code;
+    state.fault_address = info->si_addr;
+    state.aborted = true;
+    for (;;) to_scheduler();
+}
+
+// Installs on_fault for the life of a launch.
+struct FaultHandlers {
+    FaultHandlers() {
+        struct sigaction action {};
+        action.sa_sigaction = &on_fault;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&action.sa_mask);
+        for (int i = 0; i < 4; ++i) sigaction(kFaultSignals[i], &action, &saved_actions[i]);
+        launching = true;
+    }
+    ~FaultHandlers() {
+        launching = false;
+        restore_fault_handlers();
+    }
+};
+
+inline std::string fault_report() {
+    const int sig = state.fault_signal, code = state.fault_code;
+    std::string what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+    if (sig == SIGFPE) {
+        what += code == FPE_INTDIV ? ", integer divide by zero" : code == FPE_INTOVF ? ", integer overflow" : ", arithmetic fault";
+    } else if (sig == SIGSEGV || sig == SIGBUS) {
+        char address[32];
+        std::snprintf(address, sizeof address, "%p", state.fault_address);
+        what += std::string(" at address ") + address +
+                (sig == SIGSEGV ? (code == SEGV_MAPERR ? " (not mapped)" : " (access not permitted)") : " (bus error)");
+    } else {
+        what += ", illegal instruction";
+    }
+    return where() + ": " + what + " in the kernel's code";
+}
+#endif
 
 CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& site) {
     Unobserved quiet;
@@ -559,6 +626,9 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
             if (f.done) continue;
             to_fiber(f);
             if (state.aborted) {
+#if !defined(CAPSULE_EMU_SANITIZE)
+                if (state.fault_signal && state.error.empty()) state.error = fault_report();
+#endif
                 ok = false;
                 break;
             }
@@ -592,6 +662,11 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
     state.kernel = name;
     state.error.clear();
     state.aborted = false;
+#if !defined(CAPSULE_EMU_SANITIZE)
+    state.fault_signal = state.fault_code = 0;
+    state.fault_address = nullptr;
+    FaultHandlers faults;
+#endif
     state.grid_dim = grid;
     state.block_dim = block;
     state.dynamic_bytes = shared;

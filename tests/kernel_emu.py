@@ -42,15 +42,16 @@ class PlanRunner:
         """Every launch of `plan`; `arrays` maps its input buffer names (and "out" for a backward
         that reads the forward's result) to arrays, `misalign` is DeviceBackend.execute's. Returns
         the outputs shaped by plan.output_shapes. Raises AssertionError on a kernel fault, a changed
-        input, a write outside an output or an output element left unwritten."""
+        input, a write outside any buffer or an output element left unwritten."""
         where = f"{plan.op} {plan.direction}"
         host = {b.name: arrays[b.name] for b in plan.buffers if b.role == "input"}
         outputs = {name: GuardedOutput(tuple(shape)) for name, shape in plan.output_shapes.items()}
         try:
-            after = self.device.execute(registry.lookup(plan.op), plan, host, outputs, misalign)
+            executed = self.device.execute(registry.lookup(plan.op), plan, host, outputs, misalign)
         except KernelFault as exc:
             raise AssertionError(f"{where}: {exc}") from exc
-        for name, value in after.items():
+        assert not executed.overruns, f"{where}: writes past buffers (guard elements changed): {executed.overruns}"
+        for name, value in executed.inputs_after.items():
             sent = np.ascontiguousarray(host[name], DTYPES[plan.buffer(name).dtype])
             assert sent.tobytes() == value.tobytes(), f"{where}: input {name} changed"
         for name, out in outputs.items():

@@ -1306,6 +1306,12 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "max_pool", "lost partial",
                  "a cell that is the argmax of several overlapping windows keeps only the last window's g",
                  ("vjp",)),
+    KernelMutant("max-pool-argmax-one-past-the-end", "conv_pool.cu",
+                 "CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) argmax[i]",
+                 "CAPSULE_GRID_STRIDE(i, planes * volume(geo.out) + 1) argmax[i]",
+                 "max_pool", "write out of bounds",
+                 "the argmax pass runs one window past the last and writes its index after the end of the "
+                 "workspace; every value stays right", ("bounds",)),
     KernelMutant("split-sums-lost-split", "conv_pool.cu",
                  "dw[tail + i] = split_sum(partial, count, splits, tail + i);",
                  "dw[tail + i] = split_sum(partial, count, splits - 1, tail + i);",

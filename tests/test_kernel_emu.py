@@ -3,7 +3,7 @@ runs, barriers and warp shuffles exchange values as on a GPU (warps of consecuti
 indices in 2-D blocks; 32- and 64-bit values), blocks cover 2-D grids, dynamic shared memory is
 there, and a divergent barrier or shuffle (undefined behaviour on a GPU) is reported as a deadlock
 rather than passing silently. The one execution path (DeviceBackend.execute) starts buffers where
-`misalign` says, and the plan runs of tests/kernel_emu.py report writes outside an output, changed
+`misalign` says, and the plan runs of tests/kernel_emu.py report writes past any buffer, changed
 inputs, unwritten outputs and kernel faults."""
 
 import ctypes
@@ -81,6 +81,13 @@ __global__ void trap_in_block_one(float* out) {
     if (blockIdx.x == 1 && threadIdx.x == 3) __trap();
     out[threadIdx.x] = 1.0f;
 }
+__global__ void divide_by(const int64_t* d, int64_t* out) {
+    out[threadIdx.x] = 7 / d[threadIdx.x];
+}
+__global__ void store_through(int64_t address, float* out) {
+    if (threadIdx.x == 2) *reinterpret_cast<float*>(address) = 1.0f;
+    out[threadIdx.x] = 1.0f;
+}
 __global__ void misaligned_float4(const float* x, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(x + 1);
     out[threadIdx.x] = v.x;
@@ -89,6 +96,12 @@ extern "C" int run_read_unwritten_shared(unsigned* out) {
     return capsule_emu::launch("read_unwritten_shared", dim3{2}, dim3{1}, 16, &read_unwritten_shared, out);
 }
 extern "C" int run_trap(float* out) { return capsule_emu::launch("trap_in_block_one", dim3{2}, dim3{32}, 0, &trap_in_block_one, out); }
+extern "C" int run_divide_by(const int64_t* d, int64_t* out) {
+    return capsule_emu::launch("divide_by", dim3{1}, dim3{4}, 0, &divide_by, d, out);
+}
+extern "C" int run_store_through(int64_t address, float* out) {
+    return capsule_emu::launch("store_through", dim3{2}, dim3{4}, 0, &store_through, address, out);
+}
 extern "C" int run_misaligned(const float* x, float* out) {
     return capsule_emu::launch("misaligned_float4", dim3{1}, dim3{4}, 0, &misaligned_float4, x, out);
 }
@@ -139,6 +152,8 @@ def lib(tmp_path_factory):
     lib.run_read_unwritten_shared.argtypes = [p]
     lib.run_trap.argtypes = [p]
     lib.run_misaligned.argtypes = [p, p]
+    lib.run_divide_by.argtypes = [p, p]
+    lib.run_store_through.argtypes = [ctypes.c_int64, p]
     lib.last_error.restype = ctypes.c_char_p
     return lib
 
@@ -202,6 +217,23 @@ def test_trap_ends_the_launch_naming_kernel_block_and_thread(lib):
     assert lib.last_error().decode() == "trap_in_block_one block (1,0,0) thread (3,0,0): __trap() at selftest_emu.cpp:59"
 
 
+def test_hardware_faults_end_the_launch_not_the_process(lib):
+    """An integer division by zero and a store to an unmapped address in one thread are launch
+    errors naming kernel, block, thread and signal; the next launch (fault or not) runs normally,
+    so neither the emulator's state nor the signal mask is left broken."""
+    d, out = np.array([1, 7, 0, 1], np.int64), np.zeros(4, np.int64)
+    for _ in range(2):
+        assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 0
+        assert lib.last_error().decode() == "divide_by block (0,0,0) thread (2,0,0): SIGFPE, integer divide by zero in the kernel's code"
+        y = np.zeros(4, np.float32)
+        assert lib.run_store_through(16, y.ctypes.data) == 0
+        assert lib.last_error().decode() == ("store_through block (0,0,0) thread (2,0,0): SIGSEGV at address 0x10 (not mapped) "
+                                             "in the kernel's code")
+    d[2] = 2
+    assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1
+    assert out.tolist() == [7, 1, 3, 7]
+
+
 def test_a_misaligned_vector_access_is_an_error(lib):
     x = np.zeros(16, np.float32)
     base = x.ctypes.data + (-x.ctypes.data % 16)
@@ -262,6 +294,24 @@ def _relu_plan(n: int = 40) -> LaunchPlan:
     buffers = (Buffer("x", "input", "float32", n), Buffer("out", "output", "float32", n))
     launch = Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("x", "out", n))
     return LaunchPlan("relu", "forward", buffers, (launch,), output_shapes={"out": (n,)})
+
+
+def test_a_write_past_a_workspace_is_reported():
+    """Every buffer, not only the outputs, sits between guard bands: relu through a workspace that
+    one launch overruns by an element (its values unharmed) fails the run."""
+    n = 40
+    buffers = (Buffer("x", "input", "float32", n), Buffer("staged", "workspace", "float32", n),
+               Buffer("out", "output", "float32", n))
+    plan = LaunchPlan("relu", "forward", buffers,
+                      (Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("x", "staged", n)),
+                       Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("staged", "out", n))),
+                      output_shapes={"out": (n,)})
+    x = np.linspace(-2, 2, n, dtype=np.float32)
+    runner = emulator()
+    assert np.array_equal(runner.run(plan, {"x": x})["out"], np.maximum(x, 0))
+    overrun = with_launch(plan, args=("x", "staged", n + 1))
+    with pytest.raises(AssertionError, match=r"writes past buffers \(guard elements changed\): \{'staged': 1\}"):
+        runner.run(overrun, {"x": x})
 
 
 @pytest.mark.parametrize("fault, message", [

@@ -4,21 +4,32 @@
 A device implements six calls: allocate, upload, download, launch, synchronize, free. Everything
 above them is written once here: the plans of an op, guarded outputs (guard bands around a
 NaN-sentinel view, capsule_core.execution), inputs and host metadata uploaded, workspaces left
-as the device gives them, every launch of the plan in order, outputs and aliases downloaded, the
-inputs read back for `inputs.intact`. So the emulator exercises every line of a GPU run except
-the driver calls themselves.
+as the device gives them, every other buffer between guard bands too, every launch of the plan in
+order, outputs and aliases downloaded, the inputs read back for `inputs.intact` and the bands for
+`bounds`. So the emulator exercises every line of a GPU run except the driver calls themselves.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import CapsuleError
-from ..execution import GUARD_ELEMENTS, GuardedOutput, Run
+from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
 from ..launch import flat_buffers, parse_param
 
 DTYPES = {"float32": np.float32, "int64": np.int64}
 SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
+
+
+@dataclass(frozen=True)
+class Executed:
+    """What one plan's run left: its input buffers read back, and {buffer name: guard elements
+    changed} for the inputs, meta data and workspaces a kernel wrote past."""
+
+    inputs_after: dict
+    overruns: dict
 
 
 class DeviceBackend:
@@ -27,8 +38,9 @@ class DeviceBackend:
     name = "device"
     description = "a device"
     guard_bands = True
-    """Outputs inside guard bands, pre-filled with the sentinel; False (a sanitizer's device): each
-    output its own exact-size allocation, left as the device gives it, the sanitizer the guard."""
+    """Outputs inside guard bands, pre-filled with the sentinel, and every other buffer between
+    guard bands; False (a sanitizer's device): each buffer its own exact-size allocation, outputs
+    left as the device gives them, the sanitizer the guard."""
 
     def __init__(self):
         self.launch_count = 0
@@ -68,28 +80,35 @@ class DeviceBackend:
             raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")
         return capsule, functions
 
-    def execute(self, capsule, plan, host: dict, outputs: dict, misalign=None) -> dict:
+    def execute(self, capsule, plan, host: dict, outputs: dict, misalign=None) -> Executed:
         """Allocate every buffer of `plan`, upload `host` inputs and meta data, launch in order,
-        download the guarded outputs in place; returns the input buffers read back. `misalign`
-        starts buffers off alignment, as tensors that are views at an offset are: the elements each
-        buffer starts past a 256-byte boundary of its allocation, {buffer name: elements} or a
-        function of the Buffer (default 0)."""
+        download the guarded outputs in place and read back the inputs and every other buffer's
+        guard bands. `misalign` starts buffers off alignment, as tensors that are views at an
+        offset are: the elements each buffer starts past a 256-byte boundary of its allocation,
+        {buffer name: elements} or a function of the Buffer (default 0)."""
         symbols = {r.symbol: r for r in capsule.symbols}
-        allocations, pointers = [], {}
+        allocations, pointers, bands = [], {}, []
         shift = misalign if callable(misalign) else (lambda b: (misalign or {}).get(b.name, 0))
 
-        def alloc(nbytes, b):
-            lead = int(shift(b)) * np.dtype(DTYPES[b.dtype]).itemsize
-            address = self.allocate(lead + int(nbytes))
+        def alloc(nbytes, b, banded=True):
+            itemsize = np.dtype(DTYPES[b.dtype]).itemsize
+            lead = int(shift(b)) * itemsize
+            band = GUARD_ELEMENTS * itemsize if banded and self.guard_bands else 0
+            address = self.allocate(lead + int(nbytes) + 2 * band)
             allocations.append(address)
-            return address + lead
+            if band:
+                pattern = np.full(band // 4, GUARD, dtype=np.uint32)
+                self.upload(address + lead, pattern)
+                self.upload(address + lead + band + int(nbytes), pattern)
+                bands.append((b, address + lead, int(nbytes), pattern))
+            return address + lead + band
         try:
             for b in plan.buffers:
                 if b.name in plan.aliases:
                     continue
                 if b.role == "output" and self.guard_bands:
                     guarded = outputs[b.name]
-                    address = alloc(guarded.full.nbytes, b)
+                    address = alloc(guarded.full.nbytes, b, banded=False)
                     self.upload(address, guarded.full)
                     pointers[b.name] = address + 4 * GUARD_ELEMENTS
                 elif b.role == "output":
@@ -127,7 +146,7 @@ class DeviceBackend:
                     if data.size:
                         self.download(data, pointers[b.name])
                     after[b.name] = data
-            return after
+            return Executed(after, _overruns(self, bands))
         finally:
             for address in allocations:
                 self.free(address)
@@ -138,8 +157,8 @@ class DeviceBackend:
         capsule, (forward_plan, _) = self._plans(spec)
         plan = forward_plan(arrays, p)
         before = self.launch_count
-        after = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
-        return Run(_unflatten(after, inputs), self.launch_count - before)
+        executed = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
+        return Run(_unflatten(executed.inputs_after, inputs), self.launch_count - before, executed.overruns)
 
     def backward(self, spec, inputs, params, g, grads) -> Run:
         from ..ops.base import validate
@@ -149,14 +168,31 @@ class DeviceBackend:
         host = flat_buffers(arrays)
         host["g"] = np.array(g, dtype=np.float32, order="C")  # ascontiguousarray would make a 0-d g 1-d
         plan = backward_plan(arrays, p)
+        overruns = {}
         if any(b.name == "out" and b.role == "input" for b in plan.buffers):
             y = GuardedOutput(out_shape)
-            self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
+            recomputed = self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
             host["out"] = y.view.copy()
-        after = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
-        result = _unflatten(after, inputs)
-        result["g"] = after.get("g", host["g"])
-        return Run(result, self.launch_count - before)
+            overruns = {f"{name} (forward recomputed)": n for name, n in recomputed.overruns.items()}
+        executed = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
+        result = _unflatten(executed.inputs_after, inputs)
+        result["g"] = executed.inputs_after.get("g", host["g"])
+        return Run(result, self.launch_count - before, {**overruns, **executed.overruns})
+
+
+def _overruns(device: DeviceBackend, bands: list) -> dict:
+    """{buffer name: elements of its guard bands that no longer hold the pattern}."""
+    damage = {}
+    for b, start, nbytes, pattern in bands:
+        words = len(pattern)
+        head, tail = np.empty_like(pattern), np.empty_like(pattern)
+        device.download(head, start)
+        device.download(tail, start + 4 * words + nbytes)
+        per_element = np.dtype(DTYPES[b.dtype]).itemsize // 4
+        changed = np.concatenate([head != pattern, tail != pattern]).reshape(-1, per_element).any(axis=1)
+        if changed.any():
+            damage[b.name] = int(changed.sum())
+    return damage
 
 
 def _unflatten(after: dict, inputs: dict) -> dict:
