@@ -57,6 +57,24 @@ VALGRIND_ARGS = ("--tool=memcheck", "--error-exitcode=66", "--track-origins=yes"
 """Valgrind runs to the end: its address errors (Invalid read/write) are memcheck's findings, not
 initcheck's; only uninitialised values are."""
 TIMEOUT_S = 600
+TIMEOUT_ENV = "CAPSULES_SANITIZE_TIMEOUT"
+
+
+def run_limit() -> float:
+    """Seconds one sanitized run may take: $CAPSULES_SANITIZE_TIMEOUT (what `verify
+    --sanitize-timeout` sets, so that its worker processes inherit it), else TIMEOUT_S. The large
+    cases of a full run under valgrind or TSan can take longer on a small machine; a run limit, never
+    a tolerance."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}={text!r}: the sanitizer run limit must be a positive number of seconds")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -211,13 +229,15 @@ class SanitizedBackend(DeviceBackend):
                 lines.append(f"dump {ident} {work / f'out{ident}.bin'}")
             (work / "script").write_text("\n".join(lines) + "\n")
             command = [str(runner), str(work / "script")]
+            limit = run_limit()
             if self.tool == "initcheck":
                 command = ["valgrind", *VALGRIND_ARGS, *command]
             try:
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
                                       env={**os.environ, **TOOL_ENV[self.tool]})
             except subprocess.TimeoutExpired:
-                raise KernelFault(f"the {self.tool} run of {launches[0][0]} did not finish in {TIMEOUT_S} s") from None
+                raise KernelFault(f"the {self.tool} run of {launches[0][0]} did not finish in {limit:g} s "
+                                  f"(--sanitize-timeout)") from None
             address_errors_only = (self.tool == "initcheck" and proc.returncode == 66
                                    and "ninitialised" not in proc.stderr and "capsule-emu: error" not in proc.stderr)
             if proc.returncode != 0 and not address_errors_only:
@@ -352,10 +372,11 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
                "--backend", "cuda", "--check", "value", "--check", "vjp", "--seed", str(seed),
                *(["--quick"] if quick else []), *(["--case", case] if case else [])]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=run_limit(),
                               env={**os.environ, "CAPSULES_PROGRESS": "0"})
     except subprocess.TimeoutExpired:
-        return GpuSanitizerOutcome("skipped", f"compute-sanitizer did not finish in {TIMEOUT_S} s")
+        return GpuSanitizerOutcome("skipped", f"compute-sanitizer did not finish in {run_limit():g} s "
+                                              f"(--sanitize-timeout)")
     text = proc.stdout + proc.stderr
     errors = [line[len("========= "):].strip() for line in text.splitlines()
               if line.startswith("========= ") and not line.startswith("========= COMPUTE-SANITIZER")]

@@ -1,6 +1,7 @@
 """The Typer app. Commands parse options, call capsule_core and write what report.py renders:
 results to stdout, errors to stderr. Heavy modules are imported inside the command that needs them."""
 
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -210,7 +211,6 @@ def check(
 def _progress():
     """A progress bar on a terminal, nothing in CI (stderr not a tty, or CAPSULES_PROGRESS=0)."""
     import contextlib
-    import os
     import sys
     if os.environ.get("CAPSULES_PROGRESS", "1") == "0" or not sys.stderr.isatty():
         return contextlib.nullcontext(None)
@@ -259,6 +259,9 @@ def verify(
         "--sanitize", metavar="[TOOLS]", help="Also run the kernels under sanitizers on the emulator, each a check "
                                               "sanitize.TOOL: a comma list of memcheck, racecheck, synccheck, initcheck; "
                                               "alone: all four.")] = None,
+    sanitize_timeout: Annotated[Optional[float], typer.Option(
+        "--sanitize-timeout", metavar="SECONDS", help="The most one sanitized run may take (default 600; the large "
+                                                      "cases of a full run under valgrind or TSan can need more).")] = None,
 ):
     """Check every contract claim of the named capsules on a backend.
 
@@ -283,6 +286,13 @@ def verify(
     if unknown_checks:
         raise fail(f"--check: unknown check {', '.join(unknown_checks)} (checks: {', '.join(ALL_CHECKS)})", EXIT_USAGE)
     tools = sanitizer_tools(sanitize, check)
+    if sanitize_timeout is not None:
+        from capsule_core.sanitize import TIMEOUT_ENV
+        if not tools:
+            raise fail("--sanitize-timeout: applies to sanitizer runs; add --sanitize", EXIT_USAGE)
+        if not 0 < sanitize_timeout < float("inf"):
+            raise fail(f"--sanitize-timeout: must be a positive number of seconds, got {sanitize_timeout:g}", EXIT_USAGE)
+        os.environ[TIMEOUT_ENV] = repr(sanitize_timeout)
     try:
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
     except UnknownNameError as exc:

@@ -210,3 +210,38 @@ def test_cli_sanitize_without_a_compiler_is_one_sentence_and_exit_3(monkeypatch,
     assert result.exit_code == 3
     assert result.stderr.strip().splitlines()[-1] == ("capsules: error: --sanitize memcheck: the emu backend needs a C++ "
                                                       "compiler (g++ or clang++ on PATH, or CXX); install g++")
+
+
+def test_a_run_past_the_limit_is_a_fault_naming_the_limit(planted, monkeypatch):
+    """$CAPSULES_SANITIZE_TIMEOUT (what --sanitize-timeout sets) bounds each sanitized run."""
+    monkeypatch.setenv(sanitize.TIMEOUT_ENV, "0.001")
+    with pytest.raises(sanitize.KernelFault, match=r"the memcheck run of capsule_planted_oob did not finish in 0\.001 s "
+                                                   r"\(--sanitize-timeout\)"):
+        run_planted("memcheck", "oob", *planted)
+    monkeypatch.setenv(sanitize.TIMEOUT_ENV, "soon")
+    with pytest.raises(ValueError, match="CAPSULES_SANITIZE_TIMEOUT='soon': the sanitizer run limit must be a positive"):
+        sanitize.run_limit()
+    monkeypatch.delenv(sanitize.TIMEOUT_ENV)
+    assert sanitize.run_limit() == sanitize.TIMEOUT_S
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sanitize-timeout", "30"], "--sanitize-timeout: applies to sanitizer runs; add --sanitize"),
+    (["--sanitize=memcheck", "--sanitize-timeout", "0"], "--sanitize-timeout: must be a positive number of seconds, got 0"),
+    (["--sanitize=memcheck", "--sanitize-timeout", "inf"], "--sanitize-timeout: must be a positive number of seconds, got inf"),
+])
+def test_cli_sanitize_timeout_is_checked(monkeypatch, argv, message):
+    from cli.app import app
+    monkeypatch.delenv(sanitize.TIMEOUT_ENV, raising=False)
+    result = CliRunner().invoke(app, ["verify", "relu", "--backend", "numpy", *argv])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1] == f"capsules: error: {message}"
+
+
+def test_cli_sanitize_timeout_reaches_the_runs(monkeypatch):
+    """The limit goes through the environment, so --jobs and --isolate workers inherit it."""
+    from cli.app import app
+    monkeypatch.setenv(sanitize.TIMEOUT_ENV, "600")
+    result = CliRunner().invoke(app, ["verify", "rand_uniform", "--backend", "emu", "--quick", "--sanitize=synccheck",
+                                      "--sanitize-timeout", "1800", "--check", "sanitize.synccheck"])
+    assert result.exit_code == 0, result.output
+    assert sanitize.run_limit() == 1800.0
