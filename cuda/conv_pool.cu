@@ -38,10 +38,13 @@ __device__ __forceinline__ bool block_is(int threads) {
 }
 
 // One correlation-shaped GEMM (see CorrProblem) with tile shape T, its reduction flattened or not.
+// Two shared stages: a step's product reads one while the next step's values go into the other,
+// so one barrier per step both publishes the stores and retires the reads of the stage that the
+// step after next overwrites.
 template <class T, bool FLAT, bool TRANSPOSED>
 __device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
-    alignas(16) __shared__ float As[T::BK * T::BM];
-    alignas(16) __shared__ float Bs[T::BK * T::BN];
+    alignas(16) __shared__ float As[2][T::BK * T::BM];
+    alignas(16) __shared__ float Bs[2][T::BK * T::BN];
     if (!block_is(kGemmThreads)) return;
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t tiles = corr_tiles<T>(p), tiles_n = corr_tiles_n<T>(p), steps = corr_steps<T>(p, FLAT);
@@ -56,13 +59,18 @@ __device__ __forceinline__ void corr_gemm(const CorrProblem& p) {
             for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
         float ra[T::BK];
         float4 rb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (steps > 0) corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
-        for (int64_t step = 0; step < steps; ++step) {
-            __syncthreads();  // every thread is done reading the previous tiles
-            corr_store<T>(ra, rb, As, Bs, tid);
+        if (steps > 0) {
+            corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
+            corr_store<T>(ra, rb, As[0], Bs[0], tid);
             __syncthreads();
-            if (step + 1 < steps) corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
-            corr_product<T, FLAT ? 2 : 8>(As, Bs, tid, acc);
+        }
+        for (int64_t step = 0; step < steps; ++step) {
+            const int stage = static_cast<int>(step & 1);
+            const bool more = step + 1 < steps;
+            if (more) corr_load<T, FLAT, TRANSPOSED>(p, row, cur, ra, rb);
+            corr_product<T, FLAT ? 2 : 8>(As[stage], Bs[stage], tid, acc);
+            if (more) corr_store<T>(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);
+            __syncthreads();
         }
         corr_epilogue<T>(p, tile_m, tile_n, tid, acc);
     }
