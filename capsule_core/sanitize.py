@@ -262,12 +262,17 @@ def _where(stderr: str) -> str:
 
 
 def _buffer_at(stderr: str, address: int, names: dict) -> str:
+    """The buffer that holds `address`, else the nearest one it lies up to 4 KiB past the end of
+    (an overrun): buffers can sit back to back, so the first within reach is not always the one."""
+    near = []
     for m in _ADDRESS.finditer(stderr):
         ident, start, size = int(m.group(1)), int(m.group(2), 16), int(m.group(3))
         if start <= address < start + max(size, 1) + 4096:
-            name = names.get(ident, f"#{ident}")
-            return f"buffer {name} ({size} bytes) byte {address - start}"
-    return f"address {address:#x}"
+            near.append((address >= start + size, address - start, ident, size))
+    if not near:
+        return f"address {address:#x}"
+    _, offset, ident, size = min(near)
+    return f"buffer {names.get(ident, f'#{ident}')} ({size} bytes) byte {offset}"
 
 
 def _source_lines(text: str, limit: int = 2) -> list[str]:

@@ -285,8 +285,6 @@ struct State {
     char launch_begin = 0, launch_end = 0;
 #endif
     std::vector<std::vector<char>> stacks;
-    char* stack_map = nullptr;  // racecheck: the block's stacks, one mapping, unmapped after the block
-    size_t stack_map_bytes = 0;
     std::vector<Fiber> fibers;
     Barrier* block_barrier = nullptr;
     std::vector<Warp>* warps = nullptr;
@@ -489,6 +487,42 @@ CAPSULE_EMU_INTERNAL inline void check_mask(unsigned mask, const char* kind, con
                      "; the emulator runs whole warps only (mask of every lane)");
 }
 
+#if defined(CAPSULE_EMU_TSAN)
+// Racecheck's TSan fibers and their stacks: two sets, taken by alternate blocks and kept across
+// blocks and launches. Fresh fibers for every block cost far more than the kernel's own accesses
+// (the runtime allocates and zeroes each new fiber's state: four fifths of a racecheck run of
+// max_pool's backward, 4224 blocks of 256 threads), and TSan then ordered each block after the
+// one before, so no race between blocks was ever reported (tests/test_sanitize.py). A set's stacks
+// are its own fibers' (a stack another fiber had used would look to TSan like unordered writes).
+// What reuse costs: the block after next runs on the same fibers, so TSan orders it after this
+// one; a race between two blocks of one parity by the same thread index goes unseen, one between
+// neighbouring blocks, or between other thread indices, does not.
+struct FiberSet {
+    std::vector<void*> tsan;
+    char* stacks = nullptr;
+    size_t stack_bytes = 0;
+    unsigned n = 0;  // 0: rebuilt before its next block
+};
+inline FiberSet fiber_sets[2];
+inline unsigned long blocks_run = 0;
+
+// The set of the next block, with n fibers and stacks.
+CAPSULE_EMU_INTERNAL inline FiberSet& next_fiber_set(unsigned n) {
+    FiberSet& set = fiber_sets[blocks_run++ & 1];
+    if (set.n == n) return set;
+    for (void* f : set.tsan)
+        if (f) __tsan_destroy_fiber(f);
+    if (set.stacks) munmap(set.stacks, set.stack_bytes);
+    set.stack_bytes = size_t(n) * kStackBytes;
+    set.stacks = static_cast<char*>(mmap(nullptr, set.stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (set.stacks == MAP_FAILED) std::abort();
+    set.tsan.assign(n, nullptr);
+    for (void*& f : set.tsan) f = __tsan_create_fiber(0);
+    set.n = n;
+    return set;
+}
+#endif
+
 CAPSULE_EMU_INTERNAL inline void fiber_main() {
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_begin);
@@ -575,21 +609,16 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     state.dynamic_shared = std::vector<unsigned char>(state.dynamic_shared.size());
 #endif
     fill_shared();
+#if defined(CAPSULE_EMU_TSAN)
+    FiberSet& set = next_fiber_set(n);
+#endif
     for (unsigned t = 0; t < n; ++t) {
         Fiber& f = state.fibers[t];
         f.thread = dim3{t % state.block_dim.x, (t / state.block_dim.x) % state.block_dim.y,
                         t / (state.block_dim.x * state.block_dim.y)};
         f.linear = t;
 #if defined(CAPSULE_EMU_TSAN)
-        // Fresh stacks for every block: a reused stack would look to TSan like one thread writing
-        // where another wrote before, unordered (mmap and munmap reset its shadow).
-        if (t == 0) {
-            state.stack_map_bytes = size_t(n) * kStackBytes;
-            state.stack_map = static_cast<char*>(mmap(nullptr, state.stack_map_bytes, PROT_READ | PROT_WRITE,
-                                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-            if (state.stack_map == MAP_FAILED) std::abort();
-        }
-        char* stack_base = state.stack_map + size_t(t) * kStackBytes;
+        char* stack_base = set.stacks + size_t(t) * kStackBytes;
 #else
         std::vector<char>& stack = state.stacks[t];
         if (stack.size() != kStackBytes) {
@@ -610,7 +639,7 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         f.sp = initial_stack(stack_base);
 #endif
 #if defined(CAPSULE_EMU_TSAN)
-        f.tsan = __tsan_create_fiber(0);
+        f.tsan = set.tsan[t];
         const std::string name = "block " + dims(state.block_index) + " thread " + dims(f.thread);
         __tsan_set_fiber_name(f.tsan, name.c_str());  // copied by TSan
 #endif
@@ -642,9 +671,12 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     }
     state.current = nullptr;
 #if defined(CAPSULE_EMU_TSAN)
-    for (Fiber& f : state.fibers)
-        if (f.done) __tsan_destroy_fiber(f.tsan);  // an abandoned one is inside the emulator, ignores on
-    munmap(state.stack_map, state.stack_map_bytes);
+    if (!ok) {
+        // An abandoned fiber is inside the emulator with TSan's ignores on: never run it again.
+        for (unsigned t = 0; t < n; ++t)
+            if (!state.fibers[t].done) set.tsan[t] = nullptr;
+        set.n = 0;
+    }
 #endif
     return ok;
 }

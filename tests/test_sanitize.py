@@ -146,6 +146,44 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
     assert "linalg.cuh" in finding.summary, finding.summary
 
 
+BLOCKS = r'''
+#include <cstdint>
+// Every block writes the same n elements (blockIdx forgotten): blocks race on global memory, each
+// pair by the same thread index.
+extern "C" __global__ void capsule_planted_blocks(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    const int64_t i = threadIdx.x;
+    if (i < n) y[i] = x[i] + static_cast<float>(blockIdx.x);
+}
+'''
+
+
+@pytest.mark.parametrize("blocks", [2, 5])
+def test_racecheck_finds_blocks_writing_one_element(tmp_path, blocks):
+    """Blocks run one after another on the emulator, but no block is ordered after another, as on
+    a GPU: racecheck reports two blocks that write the same element, also where the TSan fibers are
+    reused (blocks alternate between two sets of them, across launches too: the second launch's
+    first block runs on the fibers of the first launch's second-last)."""
+    why = sanitize.unavailable("racecheck")
+    if why:
+        pytest.skip(why)
+    (tmp_path / "planted.cu").write_text(BLOCKS)
+    ref = NativeSymbolRef("cuda/planted.cu", "capsule_planted_blocks", PARAMS)
+    backend = sanitize.backend_for("racecheck", tmp_path, (ref,))
+    x = np.arange(N, dtype=np.float32)
+    xa, ya = backend.allocate(x.nbytes), backend.allocate(x.nbytes)
+    backend.names = {xa // backend._SPAN: "x", ya // backend._SPAN: "y"}
+    backend.upload(xa, x)
+    args = [np.uintp(xa), np.uintp(ya), SCALAR_TYPES["int64_t"](N)]
+    backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, args)
+    backend.launch(ref, (blocks, 1, 1), (N, 1, 1), 0, args)
+    with pytest.raises(sanitize.SanitizerFinding) as found:
+        backend.synchronize()
+    finding = found.value.finding
+    assert finding.summary == ("data race on buffer y (256 bytes) byte 4: write at planted.cu:7 by block (1,0,0) thread "
+                               "(1,0,0) and write at planted.cu:7 by block (0,0,0) thread (1,0,0); no barrier orders "
+                               "them"), finding.summary
+
+
 # -- on a GPU: NVIDIA's compute-sanitizer, mapped to the same check ids -----------------------------
 
 
