@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from capsule_core import registry
 from capsule_core import verify as engine
-from capsule_core.execution import GUARD_ELEMENTS, GuardedOutput, NumpyBackend, SENTINEL
+from capsule_core.execution import GUARD_ELEMENTS, GuardedOutput, NumpyBackend, Run, SENTINEL
 from cli.app import app
 
 DYNAMIC = ("shape.guard", "value", "value.special", "vjp", "vjp.reference", "reduction.order", "determinism",
@@ -60,6 +60,21 @@ def test_bounds_catch_a_write_past_the_end_and_an_unwritten_element():
     assert result.status.value == "FAILED"
     assert "guard elements overwritten" in result.reason and "never written" in result.reason
     assert result.repro.startswith("capsules verify relu --check bounds --seed 0 --backend numpy --case ")
+
+
+class WorkspaceOverrun(NumpyBackend):
+    """Reports what DeviceBackend.execute reports when a kernel writes past a workspace."""
+
+    def backward(self, spec, inputs, params, g, grads):
+        run = super().backward(spec, inputs, params, g, grads)
+        return Run(run.inputs_after, run.launches, {"partials": 3})
+
+
+def test_bounds_catch_a_write_past_a_workspace():
+    result = statuses("softmax", WorkspaceOverrun(), checks=("bounds",))["bounds"]
+    assert result.status.value == "FAILED"
+    assert result.reason.startswith("backward partials ") and result.reason.endswith(
+        ": 3 guard elements overwritten (a write past the buffer)"), result.reason
 
 
 def test_guarded_output_accounting():
