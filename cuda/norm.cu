@@ -134,9 +134,10 @@ __device__ __forceinline__ int64_t tile_col(const Team& team, int j) {
     return (static_cast<int64_t>(j) * team.size() + team.rank()) * VEC;
 }
 
-// VEC floats at column col (zeros past the end of the row).
-template <int VEC>
-__device__ __forceinline__ void load_vec(const float* __restrict__ p, int64_t col, int64_t cols, float (&out)[VEC]) {
+// VEC floats at column col (zeros past the end of the row). Col is the caller's column type: the
+// wide kernels' 32-bit columns keep their compares 32-bit (64-bit ones cost fwd_wide 8 registers).
+template <int VEC, class Col>
+__device__ __forceinline__ void load_vec(const float* __restrict__ p, Col col, Col cols, float (&out)[VEC]) {
     if constexpr (VEC == 4) {
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (col < cols) a = __ldg(reinterpret_cast<const float4*>(p + col));
@@ -419,28 +420,22 @@ __device__ __forceinline__ int wide_col(int j) {
     return 4 * (j * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x));
 }
 
-// The group at column col of the row at p (16-byte aligned, cols a multiple of 4), into v[0..3]:
-// one 16-byte load, zeros past the end of the row.
-__device__ __forceinline__ void wide_load(const float* __restrict__ p, int col, int cols, float* v) {
-    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (col < cols) a = __ldg(reinterpret_cast<const float4*>(p + col));
-    v[0] = a.x;
-    v[1] = a.y;
-    v[2] = a.z;
-    v[3] = a.w;
-}
-
 // v[0..3] to the group at column col: one 16-byte store (st.global.cg.v4; a float4 assigned
 // through a cast pointer can come out as four 4-byte stores).
 __device__ __forceinline__ void wide_store(float* __restrict__ p, int col, int cols, const float* v) {
     if (col < cols) __stcg(reinterpret_cast<float4*>(p + col), make_float4(v[0], v[1], v[2], v[3]));
 }
 
-// The row's groups, every load issued before any is used.
+// The row's groups (the row 16-byte aligned, cols a multiple of 4), every load issued before any is used.
 template <int G>
 __device__ __forceinline__ void wide_load_row(const float* __restrict__ p, int cols, float (&v)[4 * G]) {
 #pragma unroll
-    for (int j = 0; j < G; ++j) wide_load(p, wide_col(j), cols, v + 4 * j);
+    for (int j = 0; j < G; ++j) {
+        float a[4];
+        load_vec<4>(p, wide_col(j), cols, a);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[4 * j + k] = a[k];
+    }
 }
 
 // Sum over the block (blockDim.x a multiple of 32): the xor butterfly in each warp, then the warps
@@ -489,8 +484,8 @@ __device__ __forceinline__ void ln_fwd_wide(const float* __restrict__ x, const f
 #pragma unroll
         for (int j = 0; j < G; ++j) {
             float gm[4], bt[4];
-            wide_load(gamma, wide_col(j), cols, gm);
-            wide_load(beta, wide_col(j), cols, bt);
+            load_vec<4>(gamma, wide_col(j), cols, gm);
+            load_vec<4>(beta, wide_col(j), cols, bt);
 #pragma unroll
             for (int k = 0; k < 4; ++k) v[4 * j + k] = capsule_norm_affine(capsule_norm_xhat(v[4 * j + k], mu, r), gm[k], bt[k]);
             wide_store(y + row * cols, wide_col(j), cols, v + 4 * j);
@@ -530,7 +525,7 @@ __device__ __forceinline__ void ln_bwd_x_wide(const float* __restrict__ x, const
 #pragma unroll
             for (int j = 0; j < G; ++j) {
                 float gm[4];
-                wide_load(gamma, wide_col(j), cols, gm);
+                load_vec<4>(gamma, wide_col(j), cols, gm);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int i = 4 * j + k;
