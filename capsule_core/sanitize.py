@@ -36,7 +36,7 @@ from .errors import CapsuleError, EnvironmentMissing
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
-_BASE = tuple(f for f in HOST_FLAGS if f not in ("-O2", "-shared", "-fsanitize=alignment"))
+_BASE = tuple(f for f in HOST_FLAGS if f not in ("-O2", "-shared", "-fsanitize=alignment", "-fstack-clash-protection"))
 TOOL_FLAGS = {
     "memcheck": (*_BASE, "-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                  "-DCAPSULE_EMU_SANITIZE"),

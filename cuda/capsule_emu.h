@@ -18,7 +18,9 @@
 // - shared memory, static and dynamic, holds a NaN pattern at the start of every block, as a GPU
 //   holds stale bits, so a read before a write cannot pass for zeros;
 // - a hardware fault in a kernel thread (a wild address, an integer division by zero) ends the
-//   launch with an error naming the kernel, block, thread and signal, not the host process.
+//   launch with an error naming the kernel, block, thread and signal, not the host process;
+// - so does a thread that outgrows its kStackBytes of stack (each fiber's stack has an inaccessible
+//   guard page below it, the build probes large frames page by page: -fstack-clash-protection).
 // Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers then switch
 // through ucontext, which the runtimes understand) and, for racecheck, CAPSULE_EMU_TSAN (every
 // thread a TSan fiber, barriers and shuffles release/acquire among their participants, a launch
@@ -42,6 +44,8 @@
 #endif
 #if !defined(CAPSULE_EMU_SANITIZE)
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 #if defined(CAPSULE_EMU_VALGRIND)
 #include <valgrind/memcheck.h>
@@ -284,7 +288,9 @@ struct State {
     void* host_fiber = nullptr;
     char launch_begin = 0, launch_end = 0;
 #endif
+#if defined(CAPSULE_EMU_SANITIZE)
     std::vector<std::vector<char>> stacks;
+#endif
     std::vector<Fiber> fibers;
     Barrier* block_barrier = nullptr;
     std::vector<Warp>* warps = nullptr;
@@ -367,11 +373,44 @@ CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
 }
 
 #if !defined(CAPSULE_EMU_SANITIZE)
-// A hardware fault in kernel code ends the launch as __trap does: the handler runs on the faulting
-// fiber's stack and leaves it for the scheduler, never returning to the faulting instruction
-// (SA_NODEFER: the signal is not left blocked). It only notes the fault; run_block words the error
-// once back on the scheduler's stack. A fault outside a kernel thread (the emulator's own, or
-// another OS thread's) goes to the handler that was there before the launch. Sanitizer builds
+// The fibers' stacks, in one mapping kept across launches: stack t is the kStackBytes above guard
+// page t, which is never accessible, so a thread that outgrows its stack faults there instead of
+// writing over its neighbour's. Pages are touched only as threads use them.
+struct GuardedStacks {
+    char* base = nullptr;
+    size_t count = 0;
+    size_t guard = 0;
+
+    size_t stride() const { return guard + kStackBytes; }
+    char* stack(unsigned t) const { return base + t * stride() + guard; }
+
+    // Room for n stacks (the mapping only grows).
+    void reserve(size_t n) {
+        if (n <= count) return;
+        if (base) munmap(base, count * stride());
+        guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        void* p = mmap(nullptr, n * stride(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) std::abort();
+        base = static_cast<char*>(p);
+        count = n;
+        for (size_t t = 0; t < n; ++t)
+            if (mprotect(base + t * stride(), guard, PROT_NONE) != 0) std::abort();
+    }
+
+    // Whether address lies in a guard page.
+    bool guards(const void* address) const {
+        const char* a = static_cast<const char*>(address);
+        return base && a >= base && a < base + count * stride() && size_t(a - base) % stride() < guard;
+    }
+};
+inline GuardedStacks guarded_stacks;
+
+// A hardware fault in kernel code ends the launch as __trap does: the handler runs on a signal
+// stack of its own (the faulting fiber's may be the cause) and leaves it for the scheduler, never
+// returning to the faulting instruction (SA_NODEFER: the signal is not left blocked; once off the
+// signal stack, the next fault may use it again). It only notes the fault; run_block words the
+// error once back on the scheduler's stack. A fault outside a kernel thread (the emulator's own,
+// or another OS thread's) goes to the handler that was there before the launch. Sanitizer builds
 // leave faults to their runtimes.
 constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
 inline struct sigaction saved_actions[4];
@@ -393,12 +432,21 @@ inline void on_fault(int signo, siginfo_t* info, void*) {
     for (;;) to_scheduler();
 }
 
-// Installs on_fault for the life of a launch.
+constexpr size_t kSignalStackBytes = 64 * 1024;
+
+// Installs on_fault, and its signal stack, for the life of a launch; the host's (Python's
+// faulthandler has one) come back after.
 struct FaultHandlers {
+    stack_t saved_stack{};
     FaultHandlers() {
+        static thread_local std::vector<char> signal_stack(kSignalStackBytes);
+        stack_t own{};
+        own.ss_sp = signal_stack.data();
+        own.ss_size = signal_stack.size();
+        sigaltstack(&own, &saved_stack);
         struct sigaction action {};
         action.sa_sigaction = &on_fault;
-        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
         sigemptyset(&action.sa_mask);
         for (int i = 0; i < 4; ++i) sigaction(kFaultSignals[i], &action, &saved_actions[i]);
         launching = true;
@@ -406,6 +454,7 @@ struct FaultHandlers {
     ~FaultHandlers() {
         launching = false;
         restore_fault_handlers();
+        sigaltstack(&saved_stack, nullptr);
     }
 };
 
@@ -414,6 +463,9 @@ inline std::string fault_report() {
     std::string what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
     if (sig == SIGFPE) {
         what += code == FPE_INTDIV ? ", integer divide by zero" : code == FPE_INTOVF ? ", integer overflow" : ", arithmetic fault";
+    } else if (sig == SIGSEGV && guarded_stacks.guards(state.fault_address)) {
+        what = "stack overflow: the thread needed more than its " + std::to_string(kStackBytes / 1024) +
+               " KiB of stack on the emulator (a large local array, or deep recursion)";
     } else if (sig == SIGSEGV || sig == SIGBUS) {
         char address[32];
         std::snprintf(address, sizeof address, "%p", state.fault_address);
@@ -592,7 +644,11 @@ CAPSULE_EMU_INTERNAL inline std::string deadlock_report() {
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
 CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     state.fibers.assign(n, Fiber{});
+#if defined(CAPSULE_EMU_SANITIZE)
     if (state.stacks.size() < n) state.stacks.resize(n);
+#else
+    guarded_stacks.reserve(n);
+#endif
     Barrier block_barrier;
     block_barrier.size = n;
     std::vector<Warp> warps((n + 31) / 32);
@@ -619,6 +675,8 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         f.linear = t;
 #if defined(CAPSULE_EMU_TSAN)
         char* stack_base = set.stacks + size_t(t) * kStackBytes;
+#elif !defined(CAPSULE_EMU_SANITIZE)
+        char* stack_base = guarded_stacks.stack(t);
 #else
         std::vector<char>& stack = state.stacks[t];
         if (stack.size() != kStackBytes) {

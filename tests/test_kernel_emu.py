@@ -88,6 +88,12 @@ __global__ void store_through(int64_t address, float* out) {
     if (threadIdx.x == 2) *reinterpret_cast<float*>(address) = 1.0f;
     out[threadIdx.x] = 1.0f;
 }
+// 256 KiB of local array: twice the emulator's stack per thread.
+__global__ void deep_stack(float* out) {
+    volatile float big[65536];
+    for (int i = 0; i < 65536; ++i) big[i] = static_cast<float>(i);
+    out[threadIdx.x] = big[threadIdx.x];
+}
 __global__ void misaligned_float4(const float* x, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(x + 1);
     out[threadIdx.x] = v.x;
@@ -102,6 +108,7 @@ extern "C" int run_divide_by(const int64_t* d, int64_t* out) {
 extern "C" int run_store_through(int64_t address, float* out) {
     return capsule_emu::launch("store_through", dim3{2}, dim3{4}, 0, &store_through, address, out);
 }
+extern "C" int run_deep_stack(float* out) { return capsule_emu::launch("deep_stack", dim3{1}, dim3{4}, 0, &deep_stack, out); }
 extern "C" int run_misaligned(const float* x, float* out) {
     return capsule_emu::launch("misaligned_float4", dim3{1}, dim3{4}, 0, &misaligned_float4, x, out);
 }
@@ -154,6 +161,7 @@ def lib(tmp_path_factory):
     lib.run_misaligned.argtypes = [p, p]
     lib.run_divide_by.argtypes = [p, p]
     lib.run_store_through.argtypes = [ctypes.c_int64, p]
+    lib.run_deep_stack.argtypes = [p]
     lib.last_error.restype = ctypes.c_char_p
     return lib
 
@@ -230,6 +238,22 @@ def test_hardware_faults_end_the_launch_not_the_process(lib):
         assert lib.last_error().decode() == ("store_through block (0,0,0) thread (2,0,0): SIGSEGV at address 0x10 (not mapped) "
                                              "in the kernel's code")
     d[2] = 2
+    assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1
+    assert out.tolist() == [7, 1, 3, 7]
+
+
+def test_a_thread_that_outgrows_its_stack_ends_the_launch_not_the_process(lib):
+    """A thread's frame larger than its fiber stack faults on the guard page below it, on the
+    handler's own signal stack; without the guard it would write over the stack of the thread
+    below, without the signal stack the fault could not be handled. Twice, then a launch that
+    fits: the emulator's stacks and signal handling are left as they were."""
+    for _ in range(2):
+        out = np.zeros(4, np.float32)
+        assert lib.run_deep_stack(out.ctypes.data) == 0
+        assert lib.last_error().decode() == ("deep_stack block (0,0,0) thread (0,0,0): stack overflow: the thread needed more "
+                                             "than its 128 KiB of stack on the emulator (a large local array, or deep recursion) "
+                                             "in the kernel's code")
+    d, out = np.array([1, 7, 2, 1], np.int64), np.zeros(4, np.int64)
     assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1
     assert out.tolist() == [7, 1, 3, 7]
 

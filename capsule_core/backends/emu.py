@@ -27,9 +27,11 @@ from .device import DeviceBackend
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
 HOST_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fsanitize=alignment",
-              "-fdata-sections", "-w")
+              "-fstack-clash-protection", "-fdata-sections", "-w")
 """-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
-checked, the handler in the emulator header ends the launch (a GPU faults); -fdata-sections: each
+checked, the handler in the emulator header ends the launch (a GPU faults); -fstack-clash-protection:
+a frame larger than a page is touched page by page, so a thread that outgrows its fiber stack hits
+the guard page below it rather than the stack of the thread below; -fdata-sections: each
 __shared__ variable in its own section, for capsule_emu.ld."""
 BUILD_FORMAT = 1
 DEVICE_FILL = np.uint32(0x7FC0FEED)
