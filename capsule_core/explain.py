@@ -356,7 +356,7 @@ def _row(launch, refs, resources, missing, device: DeviceModel) -> LaunchRow:
                      note)
 
 
-_ITEM_BYTES = {"float32": 4, "int64": 8}
+_ITEM_BYTES = {"float32": 4, "int32": 4, "int64": 8}
 
 
 def _roofline(spec: OpSpec, direction: str, shapes, params, plan: LaunchPlan, device: DeviceModel) -> Roofline:

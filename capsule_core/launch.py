@@ -41,8 +41,8 @@ class Buffer:
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"buffer {self.name}: role must be one of {ROLES}")
-        if self.dtype not in ("float32", "int64"):
-            raise ValueError(f"buffer {self.name}: dtype must be float32 or int64")
+        if self.dtype not in ("float32", "int32", "int64"):
+            raise ValueError(f"buffer {self.name}: dtype must be float32, int32 or int64")
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple
 _PARAM = re.compile(r"^(?P<const>const )?(?P<type>float|int64_t|uint64_t|int32_t)(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$")
 
 SCALAR_RANGES = {"int64_t": (-2**63, 2**63 - 1), "uint64_t": (0, 2**64 - 1), "int32_t": (-2**31, 2**31 - 1)}
-POINTER_DTYPES = {"float": "float32", "int64_t": "int64"}
+POINTER_DTYPES = {"float": "float32", "int32_t": "int32", "int64_t": "int64"}
 
 
 @dataclass(frozen=True)

@@ -270,8 +270,10 @@ _OPS: dict[BackendOp, _Op] = {
         "conv_pool", "Native CUDA max pooling.",
         "The maximum over each window's real cells: padding and NaN never win; an all-NaN window gives NaN.",
         "g goes to one cell holding its window's maximum, none for an all-NaN window.",
-        (("fwd", _in("x") + _out("y") + _POOL), ("bwd_argmax", _in("x") + ("int64_t* __restrict__ argmax",) + _POOL),
-         ("bwd", ("const int64_t* __restrict__ argmax",) + _in("g") + _out("dx") + _POOL)),
+        (("fwd", _in("x") + _out("y") + _POOL), ("bwd_argmax", _in("x") + ("int32_t* __restrict__ argmax",) + _POOL),
+         ("bwd_argmax_wide", _in("x") + ("int64_t* __restrict__ argmax",) + _POOL),
+         ("bwd", ("const int32_t* __restrict__ argmax",) + _in("g") + _out("dx") + _POOL),
+         ("bwd_wide", ("const int64_t* __restrict__ argmax",) + _in("g") + _out("dx") + _POOL)),
         TensorLayout.CHANNEL_FIRST),
     BackendOp.SMOOTH_MAX_POOL: _Op(
         "conv_pool", "Native CUDA smooth max pooling.",

@@ -238,15 +238,34 @@ extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_fwd(const 
 }
 
 // The backward in two passes: every window's first maximum once into a workspace, then a gather
-// per input cell over the argmax of its covering windows only.
-extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd_argmax(const float* __restrict__ x, int64_t* __restrict__ argmax, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
-    CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) argmax[i] = max_pool_argmax_at(x, geo, i);
+// per input cell over the argmax of its covering windows only. The argmax is a cell of its plane:
+// 32-bit while a plane has fewer than 2^31 cells (half the workspace traffic of 64-bit), 64-bit
+// past that (the _wide entry points).
+template <class Index>
+__device__ __forceinline__ void max_pool_argmax_pass(const float* __restrict__ x, Index* __restrict__ argmax, const PoolGeom& geo) {
+    CAPSULE_GRID_STRIDE(i, geo.planes * volume(geo.out)) argmax[i] = static_cast<Index>(max_pool_argmax_at(x, geo, i));
 }
 
-extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd(const int64_t* __restrict__ argmax, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
-    const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
-    CAPSULE_GRID_STRIDE(i, planes * volume(geo.in)) dx[i] = max_pool_grad_at(argmax, g, geo, i);
+template <class Index>
+__device__ __forceinline__ void max_pool_gather_pass(const Index* __restrict__ argmax, const float* __restrict__ g, float* __restrict__ dx,
+                                                     const PoolGeom& geo) {
+    CAPSULE_GRID_STRIDE(i, geo.planes * volume(geo.in)) dx[i] = max_pool_grad_at(argmax, g, geo, i);
+}
+
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd_argmax(const float* __restrict__ x, int32_t* __restrict__ argmax, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    max_pool_argmax_pass(x, argmax, pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw));
+}
+
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd_argmax_wide(const float* __restrict__ x, int64_t* __restrict__ argmax, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    max_pool_argmax_pass(x, argmax, pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw));
+}
+
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd(const int32_t* __restrict__ argmax, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    max_pool_gather_pass(argmax, g, dx, pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw));
+}
+
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_bwd_wide(const int64_t* __restrict__ argmax, const float* __restrict__ g, float* __restrict__ dx, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+    max_pool_gather_pass(argmax, g, dx, pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw));
 }
 
 extern "C" __global__ void capsule_smooth_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw, float beta) {

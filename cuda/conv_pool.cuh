@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -40,7 +41,9 @@ CAPSULE_HD float quiet_nan() {
 // A read-only load: through the read-only data cache on the device.
 CAPSULE_HD float ld(const float* p, int64_t i) { return capsule::ldg(p + i); }
 
-CAPSULE_HD int64_t ld(const int64_t* p, int64_t i) {
+template <class Index>
+CAPSULE_HD Index ld(const Index* p, int64_t i) {
+    static_assert(std::is_same_v<Index, int32_t> || std::is_same_v<Index, int64_t>, "integer loads: int32_t or int64_t");
 #if defined(__CUDA_ARCH__)
     return __ldg(p + i);
 #else
@@ -274,12 +277,13 @@ CAPSULE_HD int64_t max_pool_argmax_at(const float* x, const PoolGeom& g, int64_t
 
 // dx at input element i (flat over (planes, in)): the sum of g, in increasing output order, over
 // the covering windows whose first maximum (argmax, from max_pool_argmax_at) is this cell; an
-// all-NaN window (argmax -1) gives nothing.
-CAPSULE_HD float max_pool_grad_at(const int64_t* argmax, const float* gy, const PoolGeom& g, int64_t i) {
+// all-NaN window (argmax -1) gives nothing. Index: the workspace's integer type.
+template <class Index>
+CAPSULE_HD float max_pool_grad_at(const Index* argmax, const float* gy, const PoolGeom& g, int64_t i) {
     const int64_t iv = volume(g.in), ov = volume(g.out);
     const int64_t plane = quot(i, iv);
     const int64_t cell = i - plane * iv;
-    const int64_t* ap = argmax + plane * ov;
+    const Index* ap = argmax + plane * ov;
     const float* gp = gy + plane * ov;
     float acc = 0.0f;
     covering_windows(g, unflatten(cell, g.in), [&](const Cell&, int64_t oi) {

@@ -1313,8 +1313,8 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                  "a cell that is the argmax of several overlapping windows keeps only the last window's g",
                  ("vjp",)),
     KernelMutant("max-pool-argmax-one-past-the-end", "conv_pool.cu",
-                 "CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) argmax[i]",
-                 "CAPSULE_GRID_STRIDE(i, planes * volume(geo.out) + 1) argmax[i]",
+                 "CAPSULE_GRID_STRIDE(i, geo.planes * volume(geo.out)) argmax[i]",
+                 "CAPSULE_GRID_STRIDE(i, geo.planes * volume(geo.out) + 1) argmax[i]",
                  "max_pool", "write out of bounds",
                  "the argmax pass runs one window past the last and writes its index after the end of the "
                  "workspace; every value stays right", ("bounds",)),

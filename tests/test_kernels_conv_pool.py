@@ -334,6 +334,29 @@ def test_max_pool_selection_policy(emu):
     assert (emu.run(plans.PLANS["max_pool"][0](arrays, p), arrays)["out"] < 0).all(), "padding never wins"
 
 
+def test_max_pool_argmax_is_int32_and_int64_past_2_31_cells(emu, monkeypatch):
+    """The backward's argmax workspace is int32; planes of ARGMAX32_LIMIT cells or more take the
+    _wide kernels with an int64 one. Forced onto a small 3-D input (ties, NaN windows, padding),
+    both give the same bits."""
+    spec = get_spec("max_pool")
+    x = seeded_rng("max_pool", "wide").integers(-2, 3, (2, 3, 4, 5, 6)).astype(np.float32)
+    x[0, 1, :2, :2, :2] = np.nan
+    params = {"kernel": (2, 3, 2), "stride": (1, 2, 2), "padding": (1, 1, 0)}
+    arrays, p, out_shape = validate(spec, {"x": x}, params, np.float32)
+    g = cotangent("max_pool", "wide", out_shape)
+    plan = plans.PLANS["max_pool"][1](arrays, p)
+    assert [(launch.symbol, plan.buffer("argmax").dtype) for launch in plan.launches] == [
+        ("capsule_max_pool_bwd_argmax", "int32"), ("capsule_max_pool_bwd", "int32")]
+    _, narrow = run_plans(emu, "max_pool", arrays, p, g)
+    monkeypatch.setattr(plans, "ARGMAX32_LIMIT", x[0, 0].size)
+    plan = plans.PLANS["max_pool"][1](arrays, p)
+    assert [(launch.symbol, plan.buffer("argmax").dtype) for launch in plan.launches] == [
+        ("capsule_max_pool_bwd_argmax_wide", "int64"), ("capsule_max_pool_bwd_wide", "int64")]
+    _, wide = run_plans(emu, "max_pool", arrays, p, g)
+    assert same_bits(narrow["x"], wide["x"])
+    assert np.count_nonzero(narrow["x"]) > 0
+
+
 # -- launch plans -------------------------------------------------------------------------------------------
 
 

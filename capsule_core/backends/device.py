@@ -19,7 +19,7 @@ from ..errors import CapsuleError
 from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
 from ..launch import flat_buffers, parse_param
 
-DTYPES = {"float32": np.float32, "int64": np.int64}
+DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
 SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
 
 

@@ -15,8 +15,9 @@ launch adds in split order (deterministic, no atomics). db is one block per chan
 is a grid-stride loop, so any grid is correct; these ones give every block about one tile.
 
 Pools: one thread per output (forward) or per input cell (backward, a gather over the windows
-covering it). max_pool's backward first writes every window's argmax (its first maximum) to an
-int64 workspace, so that the gather reads one index per covering window instead of the window.
+covering it). max_pool's backward first writes every window's argmax (its first maximum, a cell of
+its plane) to a workspace, so that the gather reads one index per covering window instead of the
+window: int32, or int64 (the _wide kernels) for planes of ARGMAX32_LIMIT cells or more.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ WEIGHT_TILE = (32, 32, 32)
 """Channels of the windowed operand × channels of the positional operand × positions per step (dw)."""
 SUM_THREADS = 256
 POOL_THREADS = 256
+ARGMAX32_LIMIT = 2**31
+"""max_pool's backward: planes of this many cells or more keep their argmax in int64."""
 MAX_BLOCKS = 132 * 32
 """Grid cap (an H200 has 132 multiprocessors); blocks loop over further tiles."""
 SPLIT_TARGET_BLOCKS = 132 * 4
@@ -217,13 +220,15 @@ def _pool_plans(op: str, backward_reads: tuple[str, ...], float_params: tuple[st
 
 
 def _max_pool_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
-    """Every window's first maximum into an int64 workspace (one thread per output), then the
+    """Every window's first maximum into an integer workspace (one thread per output), then the
     gather over the covering windows' argmax (one thread per input cell)."""
     x, y, scalars = _pool_shapes(inputs, p)
+    wide = _volume(x[2:]) >= ARGMAX32_LIMIT
+    suffix, index = ("_wide", "int64") if wide else ("", "int32")
     buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("g", "input", "float32", _volume(y)),
-               Buffer("dx", "output", "float32", _volume(x)), Buffer("argmax", "workspace", "int64", _volume(y)))
-    launches = (Launch("capsule_max_pool_bwd_argmax", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
-                Launch("capsule_max_pool_bwd", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)))
+               Buffer("dx", "output", "float32", _volume(x)), Buffer("argmax", "workspace", index, _volume(y)))
+    launches = (Launch(f"capsule_max_pool_bwd_argmax{suffix}", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
+                Launch(f"capsule_max_pool_bwd{suffix}", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)))
     return LaunchPlan("max_pool", "backward", buffers, launches, output_shapes={"dx": x})
 
 
@@ -241,7 +246,8 @@ GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_fwd_flat": 4, "capsule_c
                    "capsule_conv_transpose_bwd_x_flat": 4, "capsule_conv_transpose_bwd_w": 6}
 """The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
 
-POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd": 4}
+POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd_argmax_wide": 4, "capsule_max_pool_bwd": 4,
+                   "capsule_max_pool_bwd_wide": 4}
 """Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
 
 BUDGET = KernelBudget(
