@@ -87,10 +87,11 @@ __device__ __forceinline__ void corr_pack(const float* __restrict__ w, float* __
     CAPSULE_GRID_STRIDE(e, corr_rows<T>(p, flat) * corr_cols<T>(p)) packed[e] = corr_packed_at<T, TRANSPOSED>(w, p, flat, e);
 }
 
+// The weight gradient's GEMM, with corr_gemm's two shared stages and one barrier per step.
 __device__ __forceinline__ void weight_gemm(const WeightProblem& p) {
     using T = WeightTile;
-    alignas(16) __shared__ float As[T::BK * T::LDA];
-    alignas(16) __shared__ float Bs[T::BK * T::LDB];
+    alignas(16) __shared__ float As[2][T::BK * T::LDA];
+    alignas(16) __shared__ float Bs[2][T::BK * T::LDB];
     if (!block_is(kGemmThreads)) return;
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t tiles = weight_tiles(p);
@@ -102,13 +103,18 @@ __device__ __forceinline__ void weight_gemm(const WeightProblem& p) {
 #pragma unroll
             for (int j = 0; j < T::TN; ++j) acc[i][j] = 0.0f;
         float ra[T::PER], rb[T::PER];
-        if (job.step0 < job.step1) weight_load(p, job, job.step0, tid, ra, rb);
+        if (job.step0 < job.step1) {
+            weight_load(p, job, job.step0, tid, ra, rb);
+            weight_store(ra, rb, As[0], Bs[0], tid);
+            __syncthreads();
+        }
         for (int64_t step = job.step0; step < job.step1; ++step) {
+            const int stage = static_cast<int>((step - job.step0) & 1);
+            const bool more = step + 1 < job.step1;
+            if (more) weight_load(p, job, step + 1, tid, ra, rb);
+            weight_product(As[stage], Bs[stage], tid, acc);
+            if (more) weight_store(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);
             __syncthreads();
-            weight_store(ra, rb, As, Bs, tid);
-            __syncthreads();
-            if (step + 1 < job.step1) weight_load(p, job, step + 1, tid, ra, rb);
-            weight_product(As, Bs, tid, acc);
         }
         weight_epilogue(p, job, tid, acc);
     }

@@ -1254,6 +1254,18 @@ KERNEL_MUTANTS: tuple[KernelMutant, ...] = (
                      "(channel, part), layer_norm's long rows a block per row), so no second merge overwrites the "
                      "slots; sanitize.racecheck passes it too. A grid with fewer blocks than merges would show it"),
     # conv_pool
+    KernelMutant("conv-wgrad-dropped-barrier", "conv_pool.cu",
+                 "if (more) weight_store(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);\n            __syncthreads();",
+                 "if (more) weight_store(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);",
+                 "conv", "dropped barrier",
+                 "the weight gradient's GEMM multiplies a stage before every thread has stored its share",
+                 ("vjp",)),
+    KernelMutant("conv-wgrad-one-stage", "conv_pool.cu",
+                 "if (more) weight_store(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);",
+                 "if (more) weight_store(ra, rb, As[stage], Bs[stage], tid);",
+                 "conv", "dropped barrier",
+                 "the weight gradient's next step goes into the stage other threads are still multiplying",
+                 ("vjp",)),
     KernelMutant("conv-gemm-dropped-barrier", "conv_pool.cu",
                  "if (more) corr_store<T>(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);\n            __syncthreads();",
                  "if (more) corr_store<T>(ra, rb, As[stage ^ 1], Bs[stage ^ 1], tid);",
