@@ -238,7 +238,7 @@ extern "C" __global__ void capsule_conv_transpose_bwd_b(const float* __restrict_
 
 // -- pooling: one thread per output (forward) or per input cell (backward) --------------------
 
-extern "C" __global__ __launch_bounds__(256, 3) void capsule_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
+extern "C" __global__ __launch_bounds__(256, 4) void capsule_max_pool_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t planes, int64_t d, int64_t h, int64_t w, int64_t od, int64_t oh, int64_t ow, int64_t kd, int64_t kh, int64_t kw, int64_t sd, int64_t sh, int64_t sw, int64_t pd, int64_t ph, int64_t pw) {
     const PoolGeom geo = pool(planes, d, h, w, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw);
     CAPSULE_GRID_STRIDE(i, planes * volume(geo.out)) y[i] = max_pool_at(x, geo, i);
 }

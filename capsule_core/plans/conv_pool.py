@@ -246,8 +246,8 @@ GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_fwd_flat": 4, "capsule_c
                    "capsule_conv_transpose_bwd_x_flat": 4, "capsule_conv_transpose_bwd_w": 6}
 """The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
 
-POOL_MIN_BLOCKS = {"capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd_argmax_wide": 4, "capsule_max_pool_bwd": 4,
-                   "capsule_max_pool_bwd_wide": 4}
+POOL_MIN_BLOCKS = {"capsule_max_pool_fwd": 4, "capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd_argmax_wide": 4,
+                   "capsule_max_pool_bwd": 4, "capsule_max_pool_bwd_wide": 4}
 """Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
 
 BUDGET = KernelBudget(
