@@ -356,15 +356,12 @@ def _row(launch, refs, resources, missing, device: DeviceModel) -> LaunchRow:
                      note)
 
 
-_ITEM_BYTES = {"float32": 4, "int32": 4, "int64": 8}
-
-
 def _roofline(spec: OpSpec, direction: str, shapes, params, plan: LaunchPlan, device: DeviceModel) -> Roofline:
     if direction == "fwd":
         cost = spec.cost(shapes, params)
         nbytes, flops, basis = cost.bytes, cost.flops, "the op's cost model"
     else:
-        nbytes = sum(b.elements * _ITEM_BYTES[b.dtype] for b in plan.buffers
+        nbytes = sum(b.nbytes for b in plan.buffers
                      if b.role in ("input", "output") and b.name not in plan.aliases)
         flops, basis = None, "the plan's buffers: each input read once, each output written once; no backward flop model"
     return Roofline(nbytes, flops, basis, nbytes / device.bandwidth,

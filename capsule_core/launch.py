@@ -26,6 +26,8 @@ DYNAMIC_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
 """Per-block shared memory with the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
 
 ROLES = ("input", "output", "workspace", "meta")
+BUFFER_DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
+"""What a plan buffer may hold: a kernel's float*, int32_t* or int64_t* (POINTER_DTYPES)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,16 @@ class Buffer:
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"buffer {self.name}: role must be one of {ROLES}")
-        if self.dtype not in ("float32", "int32", "int64"):
-            raise ValueError(f"buffer {self.name}: dtype must be float32, int32 or int64")
+        if self.dtype not in BUFFER_DTYPES:
+            raise ValueError(f"buffer {self.name}: dtype must be one of {', '.join(BUFFER_DTYPES)}")
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(BUFFER_DTYPES[self.dtype]).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.elements, 0) * self.itemsize
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core import registry
-from capsule_core.backends.device import DTYPES
+from capsule_core.launch import BUFFER_DTYPES
 from capsule_core.backends.emu import EmuBackend, KernelFault, find_host_compiler
 from capsule_core.errors import EnvironmentMissing
 from capsule_core.execution import SENTINEL, GuardedOutput
@@ -52,7 +52,7 @@ class PlanRunner:
             raise AssertionError(f"{where}: {exc}") from exc
         assert not executed.overruns, f"{where}: writes past buffers (guard elements changed): {executed.overruns}"
         for name, value in executed.inputs_after.items():
-            sent = np.ascontiguousarray(host[name], DTYPES[plan.buffer(name).dtype])
+            sent = np.ascontiguousarray(host[name], BUFFER_DTYPES[plan.buffer(name).dtype])
             assert sent.tobytes() == value.tobytes(), f"{where}: input {name} changed"
         for name, out in outputs.items():
             assert out.guard_damage() == 0, f"{where}: a write outside buffer {name}"

@@ -142,6 +142,13 @@ def _plan(block=(256, 1, 1), args=("x", "out", 2.0, 10), shared=0):
                       (Launch("capsule_tiny_fwd", (1, 1, 1), block, args, shared),), output_shapes={"out": (10,)})
 
 
+def test_buffers_hold_the_kernels_pointer_types_and_size_themselves():
+    assert [Buffer("b", "workspace", t, 5).nbytes for t in ("float32", "int32", "int64")] == [20, 20, 40]
+    assert Buffer("empty", "workspace", "int64", 0).nbytes == 0
+    with pytest.raises(ValueError, match="buffer b: dtype must be one of float32, int32, int64"):
+        Buffer("b", "workspace", "float64", 5)
+
+
 def test_plan_problems_catch_planted_faults():
     symbols = {DECLARED.symbol: DECLARED}
     assert plan_problems(_plan(), symbols) == []

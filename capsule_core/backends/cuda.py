@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CapsuleError, EnvironmentMissing
-from .device import DTYPES, SCALAR_TYPES, DeviceBackend
+from ..launch import BUFFER_DTYPES
+from .device import SCALAR_TYPES, DeviceBackend
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,7 @@ class TimedPlan(_Timed):
         drv = timer.drv
         backend = timer.backend
         aliases = getattr(plan, "aliases", {})  # outputs that are an input's memory: nothing to allocate
-        sizes = {b.name: max(b.elements, 0) * np.dtype(DTYPES[b.dtype]).itemsize for b in plan.buffers
+        sizes = {b.name: b.nbytes for b in plan.buffers
                  if b.name not in aliases}
         needed = sum(sizes.values())
         free = timer.free_bytes()
@@ -396,7 +397,7 @@ class TimedPlan(_Timed):
                 pointers[b.name] = int(a)
                 if b.role in ("input", "meta"):
                     data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
-                    data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
+                    data = np.ascontiguousarray(data, dtype=BUFFER_DTYPES[b.dtype]).reshape(-1)
                     if data.size:
                         drv.memcpy_htod(a, data)
             symbols = {r.symbol: r for r in capsule.symbols}

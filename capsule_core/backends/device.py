@@ -17,9 +17,8 @@ import numpy as np
 
 from ..errors import CapsuleError
 from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
-from ..launch import flat_buffers, parse_param
+from ..launch import BUFFER_DTYPES, flat_buffers, parse_param
 
-DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
 SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
 
 
@@ -91,9 +90,8 @@ class DeviceBackend:
         shift = misalign if callable(misalign) else (lambda b: (misalign or {}).get(b.name, 0))
 
         def alloc(nbytes, b, banded=True):
-            itemsize = np.dtype(DTYPES[b.dtype]).itemsize
-            lead = int(shift(b)) * itemsize
-            band = GUARD_ELEMENTS * itemsize if banded and self.guard_bands else 0
+            lead = int(shift(b)) * b.itemsize
+            band = GUARD_ELEMENTS * b.itemsize if banded and self.guard_bands else 0
             address = self.allocate(lead + int(nbytes) + 2 * band)
             allocations.append(address)
             if band:
@@ -115,13 +113,13 @@ class DeviceBackend:
                     pointers[b.name] = alloc(outputs[b.name].view.nbytes, b)
                 elif b.role in ("input", "meta"):
                     data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
-                    data = np.ascontiguousarray(data, dtype=DTYPES[b.dtype]).reshape(-1)
+                    data = np.ascontiguousarray(data, dtype=BUFFER_DTYPES[b.dtype]).reshape(-1)
                     address = alloc(data.nbytes, b)
                     if data.size:
                         self.upload(address, data)
                     pointers[b.name] = address
                 else:
-                    pointers[b.name] = alloc(b.elements * np.dtype(DTYPES[b.dtype]).itemsize, b)
+                    pointers[b.name] = alloc(b.nbytes, b)
             for launch in plan.launches:
                 ref = symbols[launch.symbol]
                 params = [parse_param(p) for p in ref.params]
@@ -142,7 +140,7 @@ class DeviceBackend:
             after = {}
             for b in plan.buffers:
                 if b.role == "input":
-                    data = np.empty(np.asarray(host[b.name]).shape, DTYPES[b.dtype])
+                    data = np.empty(np.asarray(host[b.name]).shape, BUFFER_DTYPES[b.dtype])
                     if data.size:
                         self.download(data, pointers[b.name])
                     after[b.name] = data
@@ -188,7 +186,7 @@ def _overruns(device: DeviceBackend, bands: list) -> dict:
         head, tail = np.empty_like(pattern), np.empty_like(pattern)
         device.download(head, start)
         device.download(tail, start + 4 * words + nbytes)
-        per_element = np.dtype(DTYPES[b.dtype]).itemsize // 4
+        per_element = b.itemsize // 4
         changed = np.concatenate([head != pattern, tail != pattern]).reshape(-1, per_element).any(axis=1)
         if changed.any():
             damage[b.name] = int(changed.sum())
