@@ -20,9 +20,21 @@ from .errors import CapsuleError, EnvironmentMissing
 _PACKAGE = Path(__file__).resolve().parent
 
 
+SOURCES_ENV = "CAPSULES_CUDA_DIR"
+"""A folder that replaces the shipped kernel sources (a patched copy of cuda/, e.g. a planted
+defect): every build, nvcc's and the emulator's, reads it instead."""
+
+
 def cuda_source_dir() -> Path:
-    """The folder of the .cu/.cuh sources: inside the package in a wheel (capsule_core/_cuda),
-    the top-level cuda/ in a checkout or an editable install. cuda/ is data, never a package."""
+    """The folder of the .cu/.cuh sources: $CAPSULES_CUDA_DIR when set, else inside the package in
+    a wheel (capsule_core/_cuda), else the top-level cuda/ of a checkout or an editable install.
+    cuda/ is data, never a package."""
+    override = os.environ.get(SOURCES_ENV)
+    if override:
+        folder = Path(override)
+        if not folder.is_dir() or not any(folder.glob("*.cu*")):
+            raise EnvironmentMissing(f"{SOURCES_ENV}={override}: not a folder of .cu/.cuh kernel sources")
+        return folder
     for candidate in (_PACKAGE / "_cuda", _PACKAGE.parent / "cuda"):
         if candidate.is_dir() and any(candidate.glob("*.cu*")):
             return candidate

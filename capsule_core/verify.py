@@ -105,6 +105,9 @@ class _Case:
     overruns: list = field(default_factory=list)
     intact: list = field(default_factory=list)
     error: str | None = None
+    fault: bool = False
+    """The error is the kernel's own (an illegal address, a trap, a hang: what a GPU reports as a
+    failed launch), so the checks of the case FAIL; else the backend broke and they are ERROR."""
     f32: Float32Run | None = None
     f32_grads: dict | None = None
 
@@ -125,6 +128,12 @@ def _same_bits(a, b) -> bool:
         return all(_same_bits(x, y) for x, y in zip(a, b))
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _crash_status(case: _Case) -> Status:
+    """FAILED when the kernel itself faulted (a contract violation: on a GPU the launch fails),
+    ERROR when the backend could not run the case."""
+    return Status.FAILED if case.fault else Status.ERROR
 
 
 LEFT_FOLD = Exact("a fixed-left reduction is bitwise the float32 left fold")
@@ -257,6 +266,7 @@ class _Run:
                 case.intact.append(("backward", intact))
         except Exception as exc:  # a backend crash is a result (ERROR), never a lost report
             case.error = f"{type(exc).__name__}: {exc}"
+            case.fault = bool(getattr(exc, "kernel_fault", False))
             if getattr(exc, "poisoned", False):
                 raise
 
@@ -284,7 +294,8 @@ class _Run:
                 if c.worst >= worst:
                     worst, worst_case = c.worst, case.sample.case
         if failure is None and crash is not None:
-            return Result(check, Status.ERROR, crash.error, case=crash.sample.case, repro=self.repro(check, crash.sample.case))
+            return Result(check, _crash_status(crash), crash.error, case=crash.sample.case,
+                          repro=self.repro(check, crash.sample.case))
         if counted == 0:
             return Result(check, Status.SKIPPED, "no case applies")
         if failure:
@@ -393,7 +404,8 @@ class _Run:
             again = replace(case, y=None, grads=None, outputs=[], intact=[], error=None)
             self.execute(again)
             if again.error:
-                return Result("determinism", Status.ERROR, again.error, case=case.sample.case)
+                return Result("determinism", _crash_status(again), again.error, case=case.sample.case,
+                              repro=self.repro("determinism", case.sample.case))
             if not _same_bits(again.y, first_y) or (first_grads and any(
                     not _same_bits(again.grads[k], first_grads[k]) for k in first_grads)):
                 return Result("determinism", Status.FAILED, f"two runs of {case.sample.case} differ in their bits",
@@ -405,7 +417,8 @@ class _Run:
         count = 0
         for case in self.cases:
             if case.error:
-                return Result("bounds", Status.ERROR, case.error, case=case.sample.case)
+                return Result("bounds", _crash_status(case), case.error, case=case.sample.case,
+                              repro=self.repro("bounds", case.sample.case))
             for label, out in case.outputs:
                 count += 1
                 damage, unwritten = out.guard_damage(), out.unwritten()

@@ -28,11 +28,18 @@
 // the start of every block).
 #pragma once
 
+// The kernels' assert() calls __assert_fail; declared hidden here (before any kernel includes
+// <cassert>), the emulator's definition below is the one the family library binds to.
+#pragma GCC visibility push(hidden)
+#include <assert.h>
+#pragma GCC visibility pop
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <exception>
 #include <source_location>
 #include <string>
 #include <type_traits>
@@ -45,6 +52,8 @@
 #if !defined(CAPSULE_EMU_SANITIZE)
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #endif
 #if defined(CAPSULE_EMU_VALGRIND)
@@ -306,6 +315,11 @@ struct State {
     std::string error;
     int fault_signal = 0, fault_code = 0;  // a kernel thread's hardware fault (signal number, si_code)
     const void* fault_address = nullptr;
+    int fault_access = 0;  // what the faulting instruction did: 0 unknown, 1 read, 2 write, 3 instruction fetch
+    const void* fault_pc = nullptr;
+    double timeout_seconds = 0;  // the watchdog of a launch (0: none), capsule_emu_set_launch_timeout
+    volatile int timed_out = 0;
+    unsigned long blocks_done = 0;
 };
 
 inline State state;
@@ -412,25 +426,87 @@ inline GuardedStacks guarded_stacks;
 // error once back on the scheduler's stack. A fault outside a kernel thread (the emulator's own,
 // or another OS thread's) goes to the handler that was there before the launch. Sanitizer builds
 // leave faults to their runtimes.
-constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
-inline struct sigaction saved_actions[4];
+constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+constexpr int kFaultSignalCount = 5;
+inline struct sigaction saved_actions[kFaultSignalCount];
 inline thread_local bool launching = false;
 
 inline void restore_fault_handlers() {
-    for (int i = 0; i < 4; ++i) sigaction(kFaultSignals[i], &saved_actions[i], nullptr);
+    for (int i = 0; i < kFaultSignalCount; ++i) sigaction(kFaultSignals[i], &saved_actions[i], nullptr);
 }
 
-inline void on_fault(int signo, siginfo_t* info, void*) {
-    if (!launching || !state.current || state.aborted) {
+// Whether the signal interrupted a kernel thread (a fiber), not the scheduler: by the interrupted
+// stack pointer where the platform says it, else by whether a fiber is current.
+inline bool on_fiber(void* context) {
+#if defined(__x86_64__)
+    const auto* sp = reinterpret_cast<const char*>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RSP]);
+    return guarded_stacks.base && sp >= guarded_stacks.base && sp < guarded_stacks.base + guarded_stacks.count * guarded_stacks.stride();
+#else
+    (void)context;
+    return state.current != nullptr;
+#endif
+}
+
+inline void on_fault(int signo, siginfo_t* info, void* context) {
+    if (!launching || !state.current || state.aborted || !on_fiber(context)) {
         restore_fault_handlers();  // the faulting instruction runs again, under the previous handler
         return;
     }
     state.fault_signal = signo;
     state.fault_code = info->si_code;
     state.fault_address = info->si_addr;
+#if defined(__x86_64__)
+    const auto& registers = static_cast<ucontext_t*>(context)->uc_mcontext.gregs;
+    state.fault_pc = reinterpret_cast<const void*>(registers[REG_RIP]);
+    // The page-fault error code: bit 1 a write, bit 4 an instruction fetch (no page fault: 0).
+    const greg_t error = registers[REG_ERR];
+    if (signo == SIGSEGV && info->si_code != SI_KERNEL) state.fault_access = (error & 0x10) ? 3 : (error & 2) ? 2 : 1;
+#endif
     state.aborted = true;
     for (;;) to_scheduler();
 }
+
+// The launch watchdog (SIGVTALRM from a per-launch POSIX timer aimed at the launching thread): a
+// kernel thread that runs past the deadline is left for the scheduler, which reports the launch as
+// hung; when the scheduler itself is interrupted it sees the flag at its next step.
+inline void on_timeout(int, siginfo_t*, void* context) {
+    if (!launching) return;
+    state.timed_out = 1;
+    if (state.current && !state.aborted && on_fiber(context)) {
+        state.aborted = true;
+        for (;;) to_scheduler();
+    }
+}
+
+struct Watchdog {
+    timer_t timer{};
+    bool armed = false;
+    explicit Watchdog(double seconds) {
+        state.timed_out = 0;
+        if (!(seconds > 0)) return;
+        static const bool installed = [] {
+            struct sigaction action {};
+            action.sa_sigaction = &on_timeout;
+            action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+            sigemptyset(&action.sa_mask);
+            return sigaction(SIGVTALRM, &action, nullptr) == 0;  // kept: a late signal finds it
+        }();
+        struct sigevent event {};
+        event.sigev_notify = SIGEV_THREAD_ID;
+        event.sigev_signo = SIGVTALRM;
+        event._sigev_un._tid = static_cast<pid_t>(syscall(SYS_gettid));
+        if (!installed || timer_create(CLOCK_MONOTONIC, &event, &timer) != 0) return;
+        struct itimerspec when {};
+        when.it_value.tv_sec = static_cast<time_t>(seconds);
+        when.it_value.tv_nsec = static_cast<long>((seconds - static_cast<double>(when.it_value.tv_sec)) * 1e9);
+        if (when.it_value.tv_sec == 0 && when.it_value.tv_nsec == 0) when.it_value.tv_nsec = 1;
+        armed = timer_settime(timer, 0, &when, nullptr) == 0;
+        if (!armed) timer_delete(timer);
+    }
+    ~Watchdog() {
+        if (armed) timer_delete(timer);
+    }
+};
 
 constexpr size_t kSignalStackBytes = 64 * 1024;
 
@@ -448,7 +524,7 @@ struct FaultHandlers {
         action.sa_sigaction = &on_fault;
         action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
         sigemptyset(&action.sa_mask);
-        for (int i = 0; i < 4; ++i) sigaction(kFaultSignals[i], &action, &saved_actions[i]);
+        for (int i = 0; i < kFaultSignalCount; ++i) sigaction(kFaultSignals[i], &action, &saved_actions[i]);
         launching = true;
     }
     ~FaultHandlers() {
@@ -460,8 +536,13 @@ struct FaultHandlers {
 
 inline std::string fault_report() {
     const int sig = state.fault_signal, code = state.fault_code;
-    std::string what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : "SIGILL";
-    if (sig == SIGFPE) {
+    std::string what = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE" : sig == SIGABRT ? "SIGABRT" : "SIGILL";
+    const char* access = state.fault_access == 1 ? " read" : state.fault_access == 2 ? " write" : state.fault_access == 3 ? " instruction fetch" : "";
+    if (sig == SIGABRT) {
+        what = "abort() called (SIGABRT)";
+    } else if (sig == SIGSEGV && code == SI_KERNEL) {
+        what += ": general protection fault (an address outside the canonical range: an index far out of bounds)";
+    } else if (sig == SIGFPE) {
         what += code == FPE_INTDIV ? ", integer divide by zero" : code == FPE_INTOVF ? ", integer overflow" : ", arithmetic fault";
     } else if (sig == SIGSEGV && guarded_stacks.guards(state.fault_address)) {
         what = "stack overflow: the thread needed more than its " + std::to_string(kStackBytes / 1024) +
@@ -469,7 +550,7 @@ inline std::string fault_report() {
     } else if (sig == SIGSEGV || sig == SIGBUS) {
         char address[32];
         std::snprintf(address, sizeof address, "%p", state.fault_address);
-        what += std::string(" at address ") + address +
+        what += std::string(":") + access + " at address " + address +
                 (sig == SIGSEGV ? (code == SEGV_MAPERR ? " (not mapped)" : " (access not permitted)") : " (bus error)");
     } else {
         what += ", illegal instruction";
@@ -579,7 +660,13 @@ CAPSULE_EMU_INTERNAL inline void fiber_main() {
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_begin);
 #endif
-    state.body(state.body_data);
+    try {
+        state.body(state.body_data);
+    } catch (const std::exception& e) {
+        abort_launch(where() + ": an exception escaped the kernel (" + e.what() + ")");
+    } catch (...) {
+        abort_launch(where() + ": an exception escaped the kernel");
+    }
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_release(&state.launch_end);
 #endif
@@ -639,6 +726,38 @@ CAPSULE_EMU_INTERNAL inline std::string deadlock_report() {
         if (b.arrived > 0) return s + "warp " + std::to_string(w) + ": " + describe(&b, 32 * w, b.size, "lanes");
     }
     return s + "threads deadlocked";
+}
+
+// What a launch that ran past its deadline was doing: the block and, per thread, running (in the
+// kernel's code: a loop that never ends, or a spin on a flag no one sets), waiting at a barrier,
+// or exited; and how many blocks had finished and had not started.
+CAPSULE_EMU_INTERNAL inline std::string timeout_report(const Fiber* interrupted) {
+    std::vector<unsigned> running, exited;
+    std::vector<std::pair<Barrier*, std::vector<unsigned>>> waiting;
+    for (const Fiber& f : state.fibers) {
+        if (f.done) {
+            exited.push_back(f.linear);
+        } else if (f.waiting && &f != interrupted) {
+            auto at = std::find_if(waiting.begin(), waiting.end(), [&](const auto& w) { return w.first == f.waiting; });
+            if (at == waiting.end()) waiting.push_back({f.waiting, {f.linear}});
+            else at->second.push_back(f.linear);
+        } else {
+            running.push_back(f.linear);
+        }
+    }
+    const unsigned long total = static_cast<unsigned long>(state.grid_dim.x) * state.grid_dim.y * state.grid_dim.z;
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", state.timeout_seconds);
+    std::string s = std::string(state.kernel) + " did not finish in " + seconds + " s (the launch timeout): block " +
+                    dims(state.block_index) + " of grid " + dims(state.grid_dim) + " was running (" +
+                    std::to_string(state.blocks_done) + " of " + std::to_string(total) + " blocks finished, " +
+                    std::to_string(total - state.blocks_done - 1) + " not started); threads " + ranges(running) +
+                    " still running in the kernel's code (a loop that never ends, or a spin on a flag no thread of "
+                    "this block sets)";
+    for (const auto& [barrier, threads] : waiting)
+        s += "; threads " + ranges(threads) + " waiting at " + barrier->kind + " at " + site_text(barrier->site);
+    if (!exited.empty()) s += "; threads " + ranges(exited) + " exited";
+    return s;
 }
 
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
@@ -712,6 +831,11 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         for (Fiber& f : state.fibers) {
             if (f.done) continue;
             to_fiber(f);
+            if (state.timed_out && state.error.empty()) {
+                state.error = timeout_report(&f);
+                ok = false;
+                break;
+            }
             if (state.aborted) {
 #if !defined(CAPSULE_EMU_SANITIZE)
                 if (state.fault_signal && state.error.empty()) state.error = fault_report();
@@ -753,10 +877,12 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
     state.error.clear();
     state.aborted = false;
 #if !defined(CAPSULE_EMU_SANITIZE)
-    state.fault_signal = state.fault_code = 0;
-    state.fault_address = nullptr;
+    state.fault_signal = state.fault_code = state.fault_access = 0;
+    state.fault_address = state.fault_pc = nullptr;
     FaultHandlers faults;
+    Watchdog watchdog(state.timeout_seconds);
 #endif
+    state.blocks_done = 0;
     state.grid_dim = grid;
     state.block_dim = block;
     state.dynamic_bytes = shared;
@@ -774,6 +900,7 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
             for (unsigned bx = 0; bx < grid.x && ok; ++bx) {
                 state.block_index = dim3{bx, by, bz};
                 ok = run_block(n);
+                state.blocks_done += ok;
             }
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_end);
@@ -814,6 +941,15 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, capsule_emu::Site site = cap
 
 [[noreturn]] inline void __trap(capsule_emu::Site site = capsule_emu::Site::current()) {
     capsule_emu::abort_launch(capsule_emu::where() + ": __trap() at " + capsule_emu::site_text(site));
+}
+
+// A failed assert() in device code ends the launch, as CUDA's "device-side assert triggered" does
+// (glibc's would abort the process).
+extern "C" [[noreturn]] inline void __assert_fail(const char* expression, const char* file, unsigned line,
+                                                  const char* function) noexcept {
+    const char* slash = std::strrchr(file, '/');
+    capsule_emu::abort_launch(capsule_emu::where() + ": assert(" + expression + ") failed at " + (slash ? slash + 1 : file) +
+                              ":" + std::to_string(line) + " in " + function);
 }
 
 template <class T>

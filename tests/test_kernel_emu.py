@@ -235,7 +235,7 @@ def test_hardware_faults_end_the_launch_not_the_process(lib):
         assert lib.last_error().decode() == "divide_by block (0,0,0) thread (2,0,0): SIGFPE, integer divide by zero in the kernel's code"
         y = np.zeros(4, np.float32)
         assert lib.run_store_through(16, y.ctypes.data) == 0
-        assert lib.last_error().decode() == ("store_through block (0,0,0) thread (2,0,0): SIGSEGV at address 0x10 (not mapped) "
+        assert lib.last_error().decode() == ("store_through block (0,0,0) thread (2,0,0): SIGSEGV: write at address 0x10 (not mapped) "
                                              "in the kernel's code")
     d[2] = 2
     assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1

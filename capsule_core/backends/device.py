@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import activity
 from ..errors import CapsuleError
 from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
 from ..launch import BUFFER_DTYPES, flat_buffers, parse_param
@@ -43,6 +44,8 @@ class DeviceBackend:
 
     def __init__(self):
         self.launch_count = 0
+        self.current_launch = ""
+        """The launch in progress or last made, in words (its place in the plan, kernel, grid, block)."""
 
     # -- the device interface ------------------------------------------------------------------
 
@@ -67,6 +70,10 @@ class DeviceBackend:
 
     def synchronize(self):
         raise NotImplementedError
+
+    def name_buffer(self, address: int, nbytes: int, name: str):
+        """Plan buffer `name` occupies [address, address + nbytes): for naming a faulting access
+        (the emulator); a device that cannot use it ignores it."""
 
     # -- plans ---------------------------------------------------------------------------------
 
@@ -99,6 +106,7 @@ class DeviceBackend:
                 self.upload(address + lead, pattern)
                 self.upload(address + lead + band + int(nbytes), pattern)
                 bands.append((b, address + lead, int(nbytes), pattern))
+            self.name_buffer(address + lead + band, int(nbytes), b.name)
             return address + lead + band
         try:
             for b in plan.buffers:
@@ -109,6 +117,7 @@ class DeviceBackend:
                     address = alloc(guarded.full.nbytes, b, banded=False)
                     self.upload(address, guarded.full)
                     pointers[b.name] = address + 4 * GUARD_ELEMENTS
+                    self.name_buffer(pointers[b.name], guarded.view.nbytes, b.name)
                 elif b.role == "output":
                     pointers[b.name] = alloc(outputs[b.name].view.nbytes, b)
                 elif b.role in ("input", "meta"):
@@ -120,12 +129,16 @@ class DeviceBackend:
                     pointers[b.name] = address
                 else:
                     pointers[b.name] = alloc(b.nbytes, b)
-            for launch in plan.launches:
+            for index, launch in enumerate(plan.launches, 1):
                 ref = symbols[launch.symbol]
                 params = [parse_param(p) for p in ref.params]
                 args = [np.uintp(pointers[a]) if p.pointer else SCALAR_TYPES[p.ctype](a) for p, a in zip(params, launch.args)]
                 self.launch_count += 1
+                self.current_launch = (f"{index}/{len(plan.launches)} of the plan: {launch.symbol} grid "
+                                       f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}")
+                activity.launch_started(self.current_launch)
                 self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+                activity.launch_ended()
             self.synchronize()
             for b in plan.buffers:
                 if b.role == "output" and b.name not in plan.aliases:

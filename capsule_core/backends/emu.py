@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -23,11 +24,12 @@ import numpy as np
 
 from ..errors import CapsuleError, EnvironmentMissing
 from .device import DeviceBackend
+from .emu_memory import address_space
 
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
 HOST_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fsanitize=alignment",
-              "-fstack-clash-protection", "-fdata-sections", "-w")
+              "-fstack-clash-protection", "-fdata-sections", "-g1", "-w")
 """-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
 checked, the handler in the emulator header ends the launch (a GPU faults); -fstack-clash-protection:
 a frame larger than a page is touched page by page, so a thread that outgrows its fiber stack hits
@@ -41,9 +43,12 @@ ALIGNMENT = 256
 
 class KernelFault(CapsuleError):
     """A launch on the emulator ended with an error a GPU would fault or hang on: a divergent
-    barrier or shuffle, __trap(), a misaligned access. The emulator itself stays usable."""
+    barrier or shuffle, __trap(), a misaligned access, an illegal address, a hang past the launch
+    timeout. The emulator itself stays usable."""
 
     poisoned = False
+    kernel_fault = True
+    """The kernel broke its contract (verify FAILS the case); not the tool."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,16 @@ def dispatch_source(family: str, refs) -> str:
         lines.append(f'    if (std::strcmp(symbol, "{ref.symbol}") == 0)\n'
                      f'        return capsule_emu::launch("{ref.symbol}", grid, block, d[6], &{ref.symbol}{args}) ? 1 : 0;')
     lines += ["    return -1;", "}", "",
-              'extern "C" const char* capsule_emu_error() { return capsule_emu::state.error.c_str(); }', ""]
+              'extern "C" const char* capsule_emu_error() { return capsule_emu::state.error.c_str(); }',
+              "// The last launch's fault: signal, address, access (0 unknown, 1 read, 2 write, 3 fetch), pc.",
+              'extern "C" int capsule_emu_fault(uint64_t* out) {',
+              "    const auto& s = capsule_emu::state;",
+              "    out[0] = uint64_t(s.fault_signal), out[1] = reinterpret_cast<uintptr_t>(s.fault_address);",
+              "    out[2] = uint64_t(s.fault_access), out[3] = reinterpret_cast<uintptr_t>(s.fault_pc);",
+              "    return s.fault_signal;",
+              "}",
+              'extern "C" void capsule_emu_set_launch_timeout(double seconds) { capsule_emu::state.timeout_seconds = seconds; }',
+              ""]
     return "\n".join(lines)
 
 
@@ -188,7 +202,42 @@ def load_family(family: str, family_dir: Path | None = None, refs: tuple | None 
     lib.capsule_emu_run.restype = ctypes.c_int
     lib.capsule_emu_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint64)]
     lib.capsule_emu_error.restype = ctypes.c_char_p
+    lib.capsule_emu_fault.restype = ctypes.c_int
+    lib.capsule_emu_fault.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    lib.capsule_emu_set_launch_timeout.restype = None
+    lib.capsule_emu_set_launch_timeout.argtypes = [ctypes.c_double]
     return lib
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+def source_line(lib: ctypes.CDLL, pc: int) -> str:
+    """"pointwise.cu:42 (in capsule_relu_fwd)" for an instruction address inside `lib`, from the
+    build's line table (addr2line); "" when the address is elsewhere or the table says nothing."""
+    if not pc:
+        return ""
+    info = _DlInfo()
+    libdl = ctypes.CDLL(None)
+    libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not libdl.dladdr(ctypes.c_void_p(pc), ctypes.byref(info)) or not info.dli_fname or info.dli_fname.decode() != lib._name:
+        return ""
+    tool = shutil.which("addr2line")
+    if tool is None:
+        return ""
+    try:
+        out = subprocess.run([tool, "-f", "-C", "-i", "-e", lib._name, hex(pc - info.dli_fbase)], capture_output=True,
+                             text=True, timeout=30).stdout.split("\n")
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    frames = [(out[i].strip(), out[i + 1].strip()) for i in range(0, len(out) - 1, 2)]
+    for function, place in frames:
+        if place and not place.startswith("??") and "capsule_emu.h" not in place:
+            file, _, line = place.partition(" ")[0].rpartition(":")
+            return f"{Path(file).name}:{line} (in {function.split('(')[0]})"
+    return ""
 
 
 def argument_words(args: list) -> np.ndarray:
@@ -202,30 +251,55 @@ def argument_words(args: list) -> np.ndarray:
     return words
 
 
+LAUNCH_TIMEOUT_ENV = "CAPSULES_LAUNCH_TIMEOUT"
+DEFAULT_LAUNCH_TIMEOUT = 120.0
+"""Seconds one emulated launch may run before the watchdog ends it: the slowest launch of a full
+verify (a 1024-cubed GEMM's backward) takes under 10 s on one core."""
+
+
+def launch_timeout_from_env() -> float:
+    """CAPSULES_LAUNCH_TIMEOUT (seconds; 0: no watchdog), else the default; a bad value is a usage error."""
+    text = os.environ.get(LAUNCH_TIMEOUT_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_LAUNCH_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise CapsuleError(f"{LAUNCH_TIMEOUT_ENV}: must be a number of seconds (0: no watchdog), got {text!r}")
+    return seconds
+
+
 class EmuBackend(DeviceBackend):
-    """The kernels on the CPU emulator, behind the same device interface as the GPU."""
+    """The kernels on the CPU emulator, behind the same device interface as the GPU. Device
+    memory is the process's emulated address space (emu_memory): a stray access faults and the
+    launch ends with a KernelFault naming the access, the buffer it missed and the source line."""
 
     name = "emu"
 
-    def __init__(self, family_dir: Path | None = None, refs: tuple | None = None):
-        """`family_dir` and `refs`: kernels of another folder (build_family), for planted defects."""
+    def __init__(self, family_dir: Path | None = None, refs: tuple | None = None, launch_timeout: float | None = None):
+        """`family_dir` and `refs`: kernels of another folder (build_family), for planted defects.
+        `launch_timeout`: seconds a launch may run (0: no watchdog; default CAPSULES_LAUNCH_TIMEOUT or 120)."""
         super().__init__()
         self.family_dir, self.refs = family_dir, refs
         self.compiler = find_host_compiler()
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
-        self._memory: dict[int, np.ndarray] = {}
+        self.launch_timeout = launch_timeout_from_env() if launch_timeout is None else float(launch_timeout)
+        self._memory = address_space()
 
     def allocate(self, nbytes: int) -> int:
+        address = self._memory.allocate(max(int(nbytes), ALIGNMENT))
         words = -(-int(nbytes) // 4)
-        storage = np.empty(words + ALIGNMENT // 4, np.uint32)
-        lead = (-storage.ctypes.data % ALIGNMENT) // 4
-        storage[:] = DEVICE_FILL
-        address = storage.ctypes.data + 4 * lead
-        self._memory[address] = storage
+        if words:
+            np.frombuffer((ctypes.c_uint32 * words).from_address(address), np.uint32)[:] = DEVICE_FILL
         return address
 
     def free(self, address: int):
-        self._memory.pop(address, None)
+        self._memory.free(address)
+
+    def name_buffer(self, address: int, nbytes: int, name: str):
+        self._memory.name_buffer(address, nbytes, name)
 
     def upload(self, address: int, data: np.ndarray):
         data = np.ascontiguousarray(data)
@@ -239,13 +313,31 @@ class EmuBackend(DeviceBackend):
     def launch(self, ref, grid, block, shared_bytes, args):
         family = Path(ref.path).stem
         lib = load_family(family, self.family_dir, self.refs)
+        lib.capsule_emu_set_launch_timeout(ctypes.c_double(self.launch_timeout))
         dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))
         words = argument_words(args)
         status = lib.capsule_emu_run(ref.symbol.encode(), dims, words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         if status == -1:
             raise KernelFault(f"{ref.symbol} is not in the emulator build of {ref.path}")
         if status != 1:
-            raise KernelFault(lib.capsule_emu_error().decode(errors="replace"))
+            raise KernelFault(self._fault_text(lib, family))
+
+    def _fault_text(self, lib, family: str) -> str:
+        """The emulator's error, and for a memory fault where the address lies against the run's
+        buffers, the source line of the access, and the launch in the plan."""
+        text = lib.capsule_emu_error().decode(errors="replace")
+        fault = (ctypes.c_uint64 * 4)()
+        signal_number = lib.capsule_emu_fault(fault)
+        if signal_number in (signal.SIGSEGV, signal.SIGBUS):
+            address, pc = int(fault[1]), int(fault[3])
+            if address or "general protection" not in text:
+                text += f"; address {address:#x} is {self._memory.describe(address)}"
+            line = source_line(lib, pc)
+            if line:
+                text += f"; the access is at {line}"
+        if self.current_launch:
+            text += f" (launch {self.current_launch})"
+        return text
 
     def synchronize(self):
         """Launches run to completion on the calling thread: nothing is in flight."""
