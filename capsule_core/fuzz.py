@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ from .model import KernelCapsule
 from .numerics import FLT_MAX
 from .ops import get_spec
 from .ops.base import OpSpec, Sample, numel, seeded_rng, shapes_of, validate
-from .verify import Status, _Run
+from .verify import Status, _Run, interrupted_exit_code
 
 MAX_ELEMENTS = 1 << 16
 """Memory budget of one example: input elements in all (remapped dimensions are halved to fit)."""
@@ -157,8 +158,17 @@ class FuzzReport:
     max_examples: int | None
     capsules: list[CapsuleFuzz] = field(default_factory=list)
     interrupted: bool = False
+    stopped_by: str = ""
+    """The signal that interrupted the run (SIGINT, SIGTERM, SIGHUP)."""
+    not_run: list[str] = field(default_factory=list)
     poisoned: bool = False
     seconds: float = 0.0
+
+    def stop(self, signal_name: str, asked) -> None:
+        """Record an interruption by `signal_name`: the capsules of `asked` without a result are not run."""
+        self.interrupted, self.stopped_by = True, signal_name
+        done = {c.capsule for c in self.capsules}
+        self.not_run = [c.name for c in asked if c.name not in done]
 
     @property
     def failures(self) -> list[Failure]:
@@ -166,8 +176,12 @@ class FuzzReport:
 
     @property
     def exit_code(self) -> int:
+        """128 + the signal's number after an interruption, 1 on a failure, an error or a poisoned
+        context, else 0."""
+        if self.interrupted:
+            return interrupted_exit_code(self.stopped_by)
         broken = any(c.error for c in self.capsules)
-        return 1 if self.failures or broken or self.interrupted or self.poisoned else 0
+        return 1 if self.failures or broken or self.poisoned else 0
 
 
 # -- strategies derived from the OpSpec -----------------------------------------------------
@@ -857,13 +871,19 @@ class ReplayResult:
 
     @property
     def reproduced(self) -> bool:
-        """The same check fails with the same message, bit for bit."""
+        """The same check fails with the same message, bit for bit (but for the absolute addresses
+        of a memory fault: every process places device memory elsewhere)."""
         f = self.outcome.failure
-        return f is not None and (f[0], f[1], f[2]) == (self.replay.check, self.replay.status, self.replay.detail)
+        return f is not None and (f[0], f[1], _without_addresses(f[2])) == (
+            self.replay.check, self.replay.status, _without_addresses(self.replay.detail))
 
     @property
     def exit_code(self) -> int:
         return 1 if self.outcome.failure is not None else 0
+
+
+def _without_addresses(text: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x?", text)
 
 
 def replay(recorded: Replay, backend) -> ReplayResult:

@@ -139,7 +139,8 @@ def _compare(y, r, magnitude, model: ErrorModel, n: int, worst_case: bool) -> Co
     worst = float(ratio[worst_i])
     if worst > 1.0:
         return Comparison(False, worst, tuple(int(i) for i in worst_i),
-                          f"|y-r| = {err[worst_i]:.3g} exceeds the bound {b[worst_i]:.3g}")
+                          f"|y-r| = {float(err[worst_i])!r} exceeds the bound {float(b[worst_i])!r} "
+                          f"({worst!r} times the bound)")
     return Comparison(True, worst)
 
 
@@ -207,4 +208,4 @@ def _straddling(model, r, m, n: int) -> np.ndarray:
 
 def _fail(mask, reason, y, r) -> Comparison:
     i = tuple(int(v) for v in np.argwhere(mask)[0])
-    return Comparison(False, float("inf"), i, f"{reason} at {i}: y={y[i]!r}, reference={r[i]!r}")
+    return Comparison(False, float("inf"), i, f"{reason} at {i}: y={float(y[i])!r}, reference={float(r[i])!r}")

@@ -7,10 +7,14 @@ rebuilds the serial report in the serial order, also after Ctrl-C from whatever 
 Nothing here prints.
 
 Local workers are long-lived processes started with the "spawn" context (never a fork of a
-parent that may hold a CUDA context or threads), one capsule at a time each, over a pipe. Not one
-`python -m cli verify NAME` per capsule (what --isolate does): `verify relu --quick` on emu costs
-a fresh process 1.0 s of CPU (imports, the emulator's library, the PTX cache), a warm worker 0.05 s,
-and most capsules of a quick run take 0.05-0.2 s there; a worker pays its start once. Not
+parent that may hold a CUDA context or threads), one capsule at a time each, over a pipe. On emu
+and cuda one such worker is the default even without --jobs (containment: a kernel that scribbles
+over its process or poisons its context costs its own capsule). Not a fresh process per capsule
+(what --isolate asks for): `verify relu --quick` on emu costs a fresh process 1.0 s of CPU
+(imports, the emulator's library, the PTX cache), a warm worker 0.05 s, and most capsules of a
+quick run take 0.05-0.2 s there; a worker pays its start once, and is replaced only after a
+capsule that failed, errored or killed it. Workers ignore SIGINT, SIGTERM and SIGHUP (the parent's
+to act on: it keeps what finished and kills them) and die with the parent (children.py). Not
 concurrent.futures.ProcessPoolExecutor: one dead worker breaks that whole pool without saying
 whose task killed it. Here each worker holds one known capsule, so a worker that dies (a
 segfault, the OOM killer, os._exit) is ERROR for that capsule only, and a fresh worker takes its
@@ -45,10 +49,28 @@ class OptionError(CapsuleError):
 
 @dataclass(frozen=True)
 class Worker:
-    """One local worker process: the backend it opens and, on cuda, the device it is pinned to."""
+    """One local worker process: the backend it opens, on cuda the device it is pinned to, and on
+    emu the launch timeout of its emulator (None: CAPSULES_LAUNCH_TIMEOUT or the default)."""
 
     backend: str
     device: int = 0
+    launch_timeout: float | None = None
+
+
+CONTAINED_BACKENDS = ("emu", "cuda")
+"""Backends whose kernels verify, fuzz and the pytest plugin run in a worker process by default
+(containment): a kernel that kills its process, or leaves a CUDA context unusable, costs its own
+capsule only."""
+
+HANG_GRACE = 60.0
+"""Seconds past a launch's own timeout before the parent kills a worker stuck in it (the
+emulator's watchdog normally ends the launch first)."""
+
+
+def contained(backend: str, device: int = 0, launch_timeout: float | None = None) -> tuple[Worker, ...]:
+    """The default of verify, fuzz and the plugin on `backend`: one worker process, replaced
+    after a death; () where the kernels run in-process (numpy: nothing to contain)."""
+    return (Worker(backend, device, launch_timeout),) if backend in CONTAINED_BACKENDS else ()
 
 
 @dataclass(frozen=True)
@@ -60,13 +82,18 @@ class RayCluster:
     backend: str
 
 
-def describe(where: Sequence[Worker] | RayCluster) -> str:
-    """One line saying where the capsules run."""
+def describe(where: Sequence[Worker] | RayCluster, fresh: bool = False) -> str:
+    """One line saying where the capsules run (`fresh`: a new process for every capsule)."""
     if isinstance(where, RayCluster):
         return f"spread: one Ray task per capsule on the cluster at {where.address}"
     devices = sorted({w.device for w in where})
     on = f" on cuda devices {', '.join(map(str, devices))}" if where and where[0].backend == "cuda" else ""
-    return f"spread: {len(where)} worker process{'es' if len(where) != 1 else ''}{on}"
+    if fresh:
+        return f"isolated: every capsule in a fresh worker process{on}"
+    if len(where) == 1:
+        return (f"contained: the kernels run in a worker process{on}, replaced after a crash "
+                f"(--no-isolate: in this process)")
+    return f"spread: {len(where)} worker processes{on}"
 
 
 # -- the options ----------------------------------------------------------------------------
@@ -112,7 +139,8 @@ def parse_devices(text: str, available: int) -> tuple[int, ...]:
     return devices
 
 
-def local_workers(backend: str, jobs: str, devices: str | None, capsules: int) -> tuple[Worker, ...]:
+def local_workers(backend: str, jobs: str, devices: str | None, capsules: int,
+                  launch_timeout: float | None = None) -> tuple[Worker, ...]:
     """The worker processes of `--jobs jobs [--devices devices]` on `backend` for `capsules`
     capsules. auto: one per usable CPU core (emu, numpy) or one per GPU of `devices` (cuda, default
     all); N workers on cuda take the devices in turn. Never more workers than capsules."""
@@ -121,11 +149,11 @@ def local_workers(backend: str, jobs: str, devices: str | None, capsules: int) -
         if devices is not None:
             raise OptionError(f"--devices: pins cuda workers to GPUs; this run is on the {backend} backend")
         count = count or usable_cores()
-        return tuple(Worker(backend) for _ in range(max(1, min(count, capsules))))
+        return tuple(Worker(backend, 0, launch_timeout) for _ in range(max(1, min(count, capsules))))
     from .backends import cuda
     chosen = parse_devices(devices or "all", len(cuda.probe().devices))
     count = count or len(chosen)
-    return tuple(Worker(backend, chosen[i % len(chosen)]) for i in range(max(1, min(count, capsules))))
+    return tuple(Worker(backend, chosen[i % len(chosen)], launch_timeout) for i in range(max(1, min(count, capsules))))
 
 
 def require_ray():
@@ -156,8 +184,9 @@ def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = Fals
     items = [(i, names[i]) for i in longest_first(names, costs)]
     if isinstance(where, RayCluster):
         reports = _run_ray(where, work, items, failed, fresh)
-    else:
-        reports = _run_local(where, work, items, failed, lambda r: fresh or r.status is Status.ERROR)
+    else:  # a capsule whose kernels failed may have written over the worker's state: a fresh one goes on
+        reports = _run_local(where, work, items, failed,
+                             lambda r: fresh or r.status in (Status.ERROR, Status.FAILED))
     try:
         for index, report in reports:
             if report.seconds:  # 0: its worker died, no time to learn
@@ -169,11 +198,12 @@ def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = Fals
 
 
 def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float | None = None,
-         max_examples: int | None = None, seed: int = 0,
-         database: Path | None = None) -> Iterator[tuple[int, object]]:
+         max_examples: int | None = None, seed: int = 0, database: Path | None = None,
+         fresh: bool = False) -> Iterator[tuple[int, object]]:
     """(index in `capsules`, CapsuleFuzz) for each capsule as it finishes. The time budget is
     shared as in fuzz.fuzz: a capsule starting now gets the time left divided by the rounds of
-    capsules left, a round being one capsule on every worker (or on every CPU or GPU of the cluster)."""
+    capsules left, a round being one capsule on every worker (or on every CPU or GPU of the cluster).
+    `fresh`: a new process for every capsule (else one after a failure, an error or a death)."""
     names = [c.name for c in capsules]
     if isinstance(where, RayCluster):
         snapshot = read_database(database) if database is not None else {}
@@ -189,7 +219,22 @@ def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float |
     else:
         work = partial(_fuzz_one, max_examples=max_examples, seed=seed, database=database)
         yield from _run_local(where, work, enumerate(_fuzz_tasks(names, time_budget, where)), _fuzz_failed,
-                              lambda one: one.poisoned or bool(one.error))
+                              lambda one: fresh or one.poisoned or bool(one.error) or one.failure is not None)
+
+
+def replay(recorded, workers: Sequence[Worker]):
+    """fuzz.replay of a saved failure in a worker process: a replayed wild store or hang costs the
+    worker, not this process (a death is the replay's ERROR outcome)."""
+    def failed(task, reason):
+        from .fuzz import Outcome, ReplayResult
+        return ReplayResult(recorded, workers[0].backend, Outcome(True, ("value", "ERROR", reason)))
+    for _, result in _run_local(workers[:1], _replay_one, [(0, recorded)], failed, lambda result: True):
+        return result
+
+
+def _replay_one(backend, recorded):
+    from .fuzz import replay
+    return replay(recorded, backend)
 
 
 COSTS_FILE = "verify-seconds.json"
@@ -236,7 +281,8 @@ def _verify_failed(name: str, reason: str, *, checks, sanitize):
     """The report of a capsule whose worker ended without one: ERROR for every check asked for."""
     from .checks import CHECKS
     from .verify import CapsuleReport, Result, Status
-    why = f"{reason} while it verified this capsule; rerun it alone to see more"
+    why = (f"{reason}, while it verified this capsule; the run went on with the next one. To debug: "
+           f"capsules verify {name} --no-isolate (under gdb)")
     wanted = [c for c in CHECKS if not checks or c in checks] + [f"sanitize.{tool}" for tool in sanitize]
     return CapsuleReport(name, tuple(Result(c, Status.ERROR, why) for c in wanted), 0.0)
 
@@ -308,14 +354,22 @@ def merge_database(folder: Path, entries: dict[str, bytes]) -> None:
 
 def open_backend(worker: Worker):
     from .backends.select import resolve
-    return resolve(worker.backend, worker.device)[0]
+    return resolve(worker.backend, worker.device, launch_timeout=worker.launch_timeout)[0]
 
 
-def _serve(connection, worker: Worker, work) -> None:
+def _serve(connection, worker: Worker, work, breadcrumbs=None) -> None:
     """A worker process: open the backend on the first task, then answer each task with
-    (True, work(backend, task)) until None comes; an exception is answered (False, what) and ends it."""
+    (True, work(backend, task)) until None comes; an exception is answered (False, what) and ends it.
+    `breadcrumbs`: shared memory where capsule_core.activity records what the worker does."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it keeps what finished, then ends us
+
+    from .children import die_with_parent
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the parent's: it keeps what finished, then kills us
+        signal.signal(stop, signal.SIG_IGN)
+    die_with_parent()
+    if breadcrumbs is not None:
+        from . import activity
+        activity.record_into(breadcrumbs)
     backend = None
     while (task := connection.recv()) is not None:
         try:
@@ -341,16 +395,45 @@ def _death(exitcode: int | None) -> str:
     return f"the worker process exited with code {exitcode}"
 
 
+BREADCRUMB_BYTES = 4096
+
+
 class _Process:
-    """A started worker process and the (index, task) it holds, if any."""
+    """A started worker process, the (index, task) it holds, if any, and the breadcrumbs it
+    leaves (capsule_core.activity) for the report of its death."""
 
     def __init__(self, context, worker: Worker, work):
+        self.worker = worker
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, worker, work), daemon=True,
+        self.breadcrumbs = context.RawArray("c", BREADCRUMB_BYTES)
+        self.process = context.Process(target=_serve, args=(child, worker, work, self.breadcrumbs), daemon=True,
                                        name=f"capsules-worker-{worker.backend}-{worker.device}")
         self.process.start()
         child.close()
         self.held: tuple[int, object] | None = None
+        self.hung: str | None = None
+
+    def last_activity(self):
+        from . import activity
+        return activity.read(self.breadcrumbs)
+
+    def check_hang(self, now: float) -> bool:
+        """Kill the worker if its current launch has run HANG_GRACE past the launch timeout."""
+        from .backends.emu import launch_timeout_from_env
+        limit = self.worker.launch_timeout
+        if limit is None:
+            try:
+                limit = launch_timeout_from_env()
+            except CapsuleError:
+                return False
+        if not limit:
+            return False
+        last = self.last_activity()
+        if last.started and now - last.started > limit + HANG_GRACE:
+            self.hung = f"the worker process hung in one launch for {now - last.started:.0f} s and was killed"
+            self.process.kill()
+            return True
+        return False
 
     def give(self, item: tuple[int, object]) -> None:
         self.held = item
@@ -367,19 +450,18 @@ class _Process:
         except (EOFError, OSError):
             pass
         self.process.join(10)
-        return False, _death(self.process.exitcode)
+        doing = self.last_activity().describe()
+        return False, (self.hung or _death(self.process.exitcode)) + (f" {doing}" if doing else "")
 
     def close(self) -> None:
-        """An idle worker is asked to leave; a busy one (the caller stopped early) is ended."""
+        """An idle worker is asked to leave; a busy one (the caller stopped early) is killed: it
+        ignores SIGTERM, which belongs to the parent."""
         if self.held is None and self.process.is_alive():
             try:
                 self.connection.send(None)
             except OSError:
                 pass
             self.process.join(10)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -414,7 +496,12 @@ def _run_local(workers: Sequence[Worker], work, items: Iterable[tuple[int, objec
             running = [p for p in slots if p is not None and p.held is not None]
             if not running:
                 return
-            ready = set(wait([p.connection for p in running] + [p.process.sentinel for p in running]))
+            ready = set(wait([p.connection for p in running] + [p.process.sentinel for p in running], timeout=5.0))
+            if not ready:
+                now = time.monotonic()
+                for p in running:
+                    p.check_hang(now)
+                continue
             for i, p in enumerate(slots):
                 if p is None or p.held is None or not ({p.connection, p.process.sentinel} & ready):
                     continue

@@ -6,7 +6,8 @@ suite and gets pytest's JUnit, -k, -x and xdist for free. A FAILED or ERROR chec
 with the verify message and rerun line, SKIPPED (and MISTRUSTED: it ran but could not tell)
 skips with the reason, PASSED passes. Each capsule is verified once, lazily when its first
 selected item runs, for the checks of its selected items; the other items read the cached
-report. Without --capsules the plugin adds nothing, and this module imports nothing but pytest
+report. On emu and cuda the kernels run in a worker process (as `capsules verify` does), so a
+kernel that crashes or hangs fails its own capsule's items and the session goes on. Without --capsules the plugin adds nothing, and this module imports nothing but pytest
 (the library is imported only when --capsules is given).
 """
 
@@ -29,12 +30,22 @@ def pytest_addoption(parser):
     group.addoption("--capsules-quick", action="store_true", default=False,
                     help="small samples and edges only (a CI smoke run)")
     group.addoption("--capsules-seed", type=int, default=0, help="seed of the sample inputs and cotangents (default: 0)")
+    group.addoption("--capsules-no-isolate", action="store_true", default=False,
+                    help="run the kernels in the pytest process (default on emu and cuda: in a worker process, "
+                         "so that a kernel that crashes or hangs fails its own capsule's items only)")
+    group.addoption("--capsules-launch-timeout", type=float, default=None, metavar="SECONDS",
+                    help="the emulator's watchdog: a launch running longer is ended as hung "
+                         "(default 120, or CAPSULES_LAUNCH_TIMEOUT; 0: none)")
 
 
 def pytest_configure(config):
     names = config.getoption("capsules")
     if names is None:
         return
+    timeout = config.getoption("capsules_launch_timeout")
+    if timeout is not None and not 0 <= timeout < math.inf:
+        raise pytest.UsageError(f"--capsules-launch-timeout: must be a number of seconds >= 0 (0: no watchdog), "
+                                f"got {timeout:g}")
     config.pluginmanager.register(CapsuleVerification(config, _capsules(names)), "capsules-verification")
 
 
@@ -69,8 +80,12 @@ class CapsuleVerification:
         self.quick = config.getoption("capsules_quick")
         self.seed = config.getoption("capsules_seed")
         self.backend_name = config.getoption("capsules_backend")
+        self.isolate = not config.getoption("capsules_no_isolate")
+        self.launch_timeout = config.getoption("capsules_launch_timeout")
         self._backend = None
         self._reports: dict = {}
+        self._contained: dict = {}
+        """checks -> the open capsule_core.parallel.verify of the capsules selected for those checks."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -82,19 +97,43 @@ class CapsuleVerification:
         """(backend, note); EnvironmentMissing for a backend this machine cannot run."""
         if self._backend is None:
             from .backends.select import resolve
-            self._backend = resolve(self.backend_name)
+            self._backend = resolve(self.backend_name, launch_timeout=self.launch_timeout)
         return self._backend
 
     def report(self, capsule, session):
-        """The capsule's CapsuleReport, for the checks of its items still in the session."""
+        """The capsule's CapsuleReport, for the checks of its items still in the session. On emu
+        and cuda the capsules that share those checks go through one worker process, in turn, as
+        their items ask (a dead worker is an ERROR of its capsule, and a fresh one goes on)."""
         if capsule.name not in self._reports:
+            from . import parallel
             from .verify import verify_capsule
             backend, _ = self.backend()
-            checks = tuple(dict.fromkeys(i.check for i in session.items
-                                         if isinstance(i, CapsuleCheckItem) and i.capsule is capsule))
-            self._reports[capsule.name] = verify_capsule(capsule, backend, quick=self.quick, seed=self.seed,
-                                                         checks=checks)
+            checks = self._checks(capsule, session)
+            workers = parallel.contained(backend.name, 0, self.launch_timeout) if self.isolate else ()
+            if not workers:
+                self._reports[capsule.name] = verify_capsule(capsule, backend, quick=self.quick, seed=self.seed,
+                                                             checks=checks)
+                return self._reports[capsule.name]
+            if checks not in self._contained:
+                sharing = [c for c in self.capsules if c.name not in self._reports and self._checks(c, session) == checks]
+                self._contained[checks] = (sharing, parallel.verify(sharing, workers, quick=self.quick, seed=self.seed,
+                                                                    checks=checks))
+            sharing, reports = self._contained[checks]
+            for index, one in reports:
+                self._reports[sharing[index].name] = one
+                if sharing[index] is capsule:
+                    break
         return self._reports[capsule.name]
+
+    @staticmethod
+    def _checks(capsule, session) -> tuple:
+        return tuple(dict.fromkeys(i.check for i in session.items
+                                   if isinstance(i, CapsuleCheckItem) and i.capsule is capsule))
+
+    def pytest_sessionfinish(self, session):
+        """End the worker processes."""
+        for _, reports in self._contained.values():
+            reports.close()
 
     def pytest_report_header(self, config):
         return (f"capsules: {len(self.capsules)} capsule(s) on backend {self.backend_name}"

@@ -183,7 +183,8 @@ def verify_record(report) -> dict:
     return {
         "schema": "capsules.verify", "schema_version": VERIFY_SCHEMA_VERSION,
         "backend": report.backend, "backend_note": report.backend_note, "seed": report.seed, "quick": report.quick,
-        "interrupted": report.interrupted, "seconds": round(report.seconds, 3), "exit_code": report.exit_code,
+        "interrupted": report.interrupted, "stopped_by": report.stopped_by or None, "not_run": list(report.not_run),
+        "seconds": round(report.seconds, 3), "exit_code": report.exit_code,
         "capsules": [{"name": c.capsule, "status": c.status.value, "seconds": round(c.seconds, 3),
                       "checks": [{"id": r.check, "status": r.status.value, "reason": r.reason,
                                   "worst": None if r.worst is None or not _finite(r.worst) else r.worst,
@@ -235,12 +236,35 @@ def render_verify(report) -> str:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
     totals = ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("PASSED", "FAILED", "MISTRUSTED", "SKIPPED", "ERROR"))
     passed = sum(1 for c in report.capsules if c.status.value in ("PASSED", "SKIPPED"))
-    tail = " (interrupted: partial report)" if report.interrupted else ""
+    tail = _interruption(report)
     outside = sum(r.out_of_model for _, r in uncompared)
     model = f"; {outside} elements out of model" if outside else ""
     out += ["", f"{passed}/{len(report.capsules)} capsules passed on {report.backend}; checks: {totals}{model}; "
                 f"{report.seconds:.1f} s{tail}"]
     return "\n".join(out)
+
+
+def _interruption(report) -> str:
+    """" (interrupted by SIGTERM: partial report; 3 capsules not run: a, b, c)", or ""."""
+    if not report.interrupted:
+        return ""
+    by = f" by {report.stopped_by}" if report.stopped_by else ""
+    names = [n.split(".", 1)[-1] for n in report.not_run]
+    shown = ", ".join(names[:8]) + (f", ... ({len(names) - 8} more)" if len(names) > 8 else "")
+    not_run = f"; {len(names)} capsules not run: {shown}" if names else ""
+    return f" (interrupted{by}: partial report{not_run})"
+
+
+def _junit_not_run(root, report) -> None:
+    """The capsules an interrupted run never finished, as suites whose one case is skipped: a CI
+    job's report then counts them, and says why they have no results."""
+    from xml.etree import ElementTree as ET
+    if report.interrupted:
+        root.set("interrupted", "true")
+    why = f"not run: the run was interrupted{f' by {report.stopped_by}' if report.stopped_by else ''} first"
+    for name in report.not_run:
+        suite = ET.SubElement(root, "testsuite", name=name, tests="1", failures="0", errors="0", skipped="1", time="0")
+        ET.SubElement(ET.SubElement(suite, "testcase", classname=name, name="not-run"), "skipped", message=why)
 
 
 def verify_junit(report) -> str:
@@ -264,8 +288,7 @@ def verify_junit(report) -> str:
                 ET.SubElement(case, "skipped", message=f"MISTRUSTED (could not tell): {r.reason}")
             elif r.status.value == "SKIPPED":
                 ET.SubElement(case, "skipped", message=r.reason)
-    if report.interrupted:
-        root.set("interrupted", "true")
+    _junit_not_run(root, report)
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
@@ -629,13 +652,71 @@ def render_fuzz(report, saved: dict | None = None) -> str:
     limit = f"at most {report.max_examples} examples per capsule" if report.max_examples is not None else "no example limit"
     tail = ""
     if report.interrupted:
-        tail = " (interrupted: partial report)"
+        tail = _interruption(report)
     elif report.poisoned:
         tail = " (stopped: the backend's context is poisoned; rerun the rest in a fresh process)"
     out += ["", f"{len(report.capsules) - failed}/{len(report.capsules)} capsules without a failure on {report.backend}; "
                 f"{examples} examples checked, {refused} invalid inputs refused; seed {report.seed}; {budget}, {limit}; "
                 f"{report.seconds:.1f} s{tail}"]
     return "\n".join(out)
+
+
+FUZZ_SCHEMA_VERSION = 1
+
+
+def fuzz_record(report, saved: dict | None = None) -> dict:
+    """The JSON document of `capsules fuzz` (docs/fuzz-schema.md). `saved` maps a capsule name to
+    the replay file written for its failure."""
+    saved = saved or {}
+
+    def failure(c):
+        f = c.failure
+        if f is None:
+            return None
+        return {"check": f.check, "status": f.status, "detail": f.detail, "flaky": f.flaky,
+                "example": f.example.summary(), "origin": f.example.origin,
+                "replay": str(saved[c.capsule]) if c.capsule in saved else None}
+    return {
+        "schema": "capsules.fuzz", "schema_version": FUZZ_SCHEMA_VERSION,
+        "backend": report.backend, "backend_note": report.backend_note, "seed": report.seed,
+        "time_budget": report.time_budget, "max_examples": report.max_examples,
+        "interrupted": report.interrupted, "stopped_by": report.stopped_by or None, "not_run": list(report.not_run),
+        "poisoned": report.poisoned, "seconds": round(report.seconds, 3), "exit_code": report.exit_code,
+        "capsules": [{"name": c.capsule, "op": c.op, "status": c.status, "examples": c.examples, "refused": c.refused,
+                      "out_of_model": c.out_of_model, "too_large": c.rejected, "shrink_steps": c.shrink_steps,
+                      "seconds": round(c.seconds, 3), "stopped": c.stopped, "skipped": c.skipped, "error": c.error,
+                      "failure": failure(c)}
+                     for c in report.capsules],
+    }
+
+
+def fuzz_junit(report, saved: dict | None = None) -> str:
+    """JUnit XML: one testsuite per capsule with one testcase, `fuzz`; a failure (with its shrunk
+    example and replay file) fails it, an error of the search or the backend errors it, a skipped
+    capsule is skipped."""
+    from xml.etree import ElementTree as ET
+    saved = saved or {}
+    root = ET.Element("testsuites", name=f"capsules fuzz ({report.backend}, seed {report.seed})")
+    for c in report.capsules:
+        status = c.status
+        suite = ET.SubElement(root, "testsuite", name=c.capsule, tests="1", time=f"{c.seconds:.3f}",
+                              failures=str(int(status == "FAILED")), errors=str(int(status == "ERROR")),
+                              skipped=str(int(status == "SKIPPED")))
+        case = ET.SubElement(suite, "testcase", classname=c.capsule, name="fuzz", time=f"{c.seconds:.3f}")
+        f = c.failure
+        if f is not None:
+            text = (f"{f.check}: {f.detail}\nexample: {f.example.summary()}\ndrawn from: {f.example.origin}"
+                    + (f"\nreplay: capsules fuzz --replay {saved[c.capsule]}" if c.capsule in saved else ""))
+            tag = "failure" if f.status == "FAILED" else "error"
+            ET.SubElement(case, tag, message=f"{f.check}: {f.detail}", type=f.status).text = text
+        elif c.error:
+            ET.SubElement(case, "error", message=c.error, type="ERROR").text = c.error
+        elif c.skipped:
+            ET.SubElement(case, "skipped", message=c.skipped)
+        ET.SubElement(case, "system-out").text = (f"{c.examples} examples checked, {c.refused} invalid inputs refused, "
+                                                  f"stopped: {c.skipped or c.stopped}")
+    _junit_not_run(root, report)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 
 def render_fuzz_replay(result) -> str:

@@ -33,6 +33,7 @@ from .backends.device import DeviceBackend
 from .launch import parse_param
 from .backends.emu import HOST_FLAGS, EmuBackend, KernelFault, argument_words, build_family, find_host_compiler
 from .errors import CapsuleError, EnvironmentMissing
+from .children import die_with_parent
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -237,7 +238,7 @@ class SanitizedBackend(DeviceBackend):
                 command = ["valgrind", *VALGRIND_ARGS, *command]
             try:
                 proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
-                                      env={**os.environ, **TOOL_ENV[self.tool]})
+                                      env={**os.environ, **TOOL_ENV[self.tool]}, preexec_fn=die_with_parent)
             except subprocess.TimeoutExpired:
                 raise KernelFault(f"the {self.tool} run of {launches[0][0]} did not finish in {limit:g} s "
                                   f"(--sanitize-timeout)") from None
@@ -377,11 +378,11 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
     if binary is None:
         return GpuSanitizerOutcome("skipped", "compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     command = [binary, "--tool", tool, "--error-exitcode", "66", sys.executable, "-m", "cli", "verify", op,
-               "--backend", "cuda", "--check", "value", "--check", "vjp", "--seed", str(seed),
+               "--backend", "cuda", "--no-isolate", "--check", "value", "--check", "vjp", "--seed", str(seed),
                *(["--quick"] if quick else []), *(["--case", case] if case else [])]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=run_limit(),
-                              env={**os.environ, "CAPSULES_PROGRESS": "0"})
+                              env={**os.environ, "CAPSULES_PROGRESS": "0"}, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return GpuSanitizerOutcome("skipped", f"compute-sanitizer did not finish in {run_limit():g} s "
                                               f"(--sanitize-timeout)")

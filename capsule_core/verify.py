@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import activity
 from .checks import ALL_CHECKS, CHECKS, SANITIZER_CHECKS
 from .errors import InputError
 from .execution import GuardedOutput, gradient_outputs
@@ -72,16 +73,33 @@ class VerifyReport:
     quick: bool
     capsules: list[CapsuleReport] = field(default_factory=list)
     interrupted: bool = False
+    stopped_by: str = ""
+    """The signal that interrupted the run: SIGINT (Ctrl-C), SIGTERM (a CI job's timeout), SIGHUP."""
+    not_run: list[str] = field(default_factory=list)
+    """The capsules asked for that the interrupted run never finished."""
     seconds: float = 0.0
+
+    def stop(self, signal_name: str, asked) -> None:
+        """Record an interruption by `signal_name`: the capsules of `asked` without a report are not run."""
+        self.interrupted, self.stopped_by = True, signal_name
+        done = {c.capsule for c in self.capsules}
+        self.not_run = [c.name for c in asked if c.name not in done]
 
     @property
     def exit_code(self) -> int:
-        """The process's exit code, which the JSON report records: 130 after Ctrl-C (as a shell
-        reports SIGINT), 1 on a FAILED or ERROR check, else 0."""
+        """The process's exit code, which the JSON report records: 128 + the signal's number after
+        an interruption (as a shell reports it: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), 1 on a FAILED
+        or ERROR check, else 0."""
         if self.interrupted:
-            return 130
+            return interrupted_exit_code(self.stopped_by)
         bad = {Status.FAILED, Status.ERROR}
         return 1 if any(r.status in bad for c in self.capsules for r in c.results) else 0
+
+
+def interrupted_exit_code(signal_name: str) -> int:
+    """128 + the number of the signal that stopped a run (SIGINT when none is named)."""
+    import signal
+    return 128 + int(getattr(signal, signal_name or "SIGINT", signal.SIGINT))
 
 
 @dataclass
@@ -212,6 +230,8 @@ class _Run:
         self.capsule, self.spec, self.backend = capsule, spec, backend
         self.quick, self.seed, self.case_filter = quick, seed, case_filter
         self.cases: list[_Case] = []
+        self.hung = ""
+        """Set when a launch ran past its timeout: the capsule's later cases fail unlaunched."""
 
     def repro(self, check: str, case: str | None = None) -> str:
         line = f"capsules verify {self.spec.name} --check {check} --seed {self.seed} --backend {self.backend.name}"
@@ -242,6 +262,11 @@ class _Run:
 
     def execute(self, case: _Case):
         """Forward and backward on the backend, with fresh guarded outputs and input copies."""
+        activity.working_on(case=f"{case.sample.case} (forward)")
+        direction = "forward"
+        if self.hung:
+            case.error, case.fault = f"{case.sample.summary()}: not run, {self.hung}", True
+            return
         try:
             out = GuardedOutput(case.out_shape)
             originals = _copy_inputs(case.arrays)
@@ -252,6 +277,8 @@ class _Run:
             case.overruns += [(f"forward {name}", n) for name, n in run.overruns.items()]
             case.intact.append(("forward", all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)))
             if self.spec.has_vjp:
+                activity.working_on(case=f"{case.sample.case} (backward)")
+                direction = "backward"
                 grads = gradient_outputs(self.spec, case.arrays)
                 given = _copy_inputs(case.arrays)
                 g = case.g.copy()
@@ -265,8 +292,10 @@ class _Run:
                 intact = intact and _same_bits(run.inputs_after.get("g", g), case.g)
                 case.intact.append(("backward", intact))
         except Exception as exc:  # a backend crash is a result (ERROR), never a lost report
-            case.error = f"{type(exc).__name__}: {exc}"
+            case.error = f"{direction} {case.sample.summary()}: {type(exc).__name__}: {exc}"
             case.fault = bool(getattr(exc, "kernel_fault", False))
+            if getattr(exc, "hung", False):
+                self.hung = f"the kernel hung on case {case.sample.case} ({direction})"
             if getattr(exc, "poisoned", False):
                 raise
 
@@ -644,8 +673,11 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
     compiled = bool(static - {"contract.aligned"})
     results = [r for r in static_results(capsule, quick, compiled) if r.check in wanted] if static else []
     dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
+    activity.working_on(capsule=capsule.name)
     try:
-        if dynamic & {"value", "value.special", "vjp", "determinism", "bounds", "inputs.intact", "selection.ties"}:
+        sampled = dynamic & {"value", "value.special", "vjp", "determinism", "bounds", "inputs.intact", "selection.ties"}
+        if sampled:
+            activity.working_on(check=", ".join(c for c in CHECKS if c in sampled) + " (their cases)")
             for sample in run.samples():
                 c = run.prepare(sample)
                 run.execute(c)
@@ -658,8 +690,10 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
                  ("inputs.intact", run.check_inputs_intact)]
         for check_id, function in order:
             if check_id in dynamic:
+                activity.working_on(check=check_id, case="")
                 results.append(function())
         for tool in sanitize:
+            activity.working_on(check=f"sanitize.{tool}", case="")
             results.append(run.check_sanitizer(tool))
     except Exception as exc:
         if not getattr(exc, "poisoned", False):
@@ -679,37 +713,3 @@ def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None
     """One CapsuleReport per capsule, as each finishes (so a caller can stop and keep the rest)."""
     for capsule in capsules:
         yield verify_capsule(capsule, backend, quick=quick, seed=seed, checks=checks, case=case, sanitize=sanitize)
-
-
-def capsule_report_from_record(record: dict) -> CapsuleReport:
-    """A CapsuleReport back from the `capsules` section of verify's JSON (for --isolate)."""
-    results = tuple(Result(c["id"], Status(c["status"]), c["reason"], c["worst"], c["case"], c["cases"], c["repro"],
-                           c["out_of_model"], c.get("details", "")) for c in record["checks"])
-    return CapsuleReport(record["name"], results, record["seconds"])
-
-
-def isolated(capsule: KernelCapsule, argv: list[str], timeout: float = 900.0) -> CapsuleReport:
-    """Verify one capsule in a child process (`argv` is the verify command line without names and
-    --json): a crash or a poisoned CUDA context there leaves the other capsules running here."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        target = os.path.join(tmp, "report.json")
-        env = {**os.environ, "CAPSULES_PROGRESS": "0"}
-        try:
-            proc = subprocess.run([sys.executable, "-m", "cli", "verify", capsule.name, *argv, "--json", target],
-                                  capture_output=True, text=True, timeout=timeout, env=env)
-            detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        except subprocess.TimeoutExpired:
-            detail = f"timed out after {timeout:.0f} s"
-        if os.path.exists(target):
-            with open(target, encoding="utf-8") as f:
-                records = json.load(f)["capsules"]
-            if records:
-                return capsule_report_from_record(records[0])
-    return CapsuleReport(capsule.name, tuple(Result(c, Status.ERROR, f"the isolated run died: {detail}") for c in CHECKS),
-                         time.perf_counter() - start)

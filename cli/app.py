@@ -12,7 +12,9 @@ from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
 from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
 from cli.options import ArchOption, BackendOption, optional_option_values, unwritable_outputs
-from cli.parallel_options import DevicesOption, JobsOption, RayOption, collect, spread
+from cli.parallel_options import (DevicesOption, IsolateOption, JobsOption, LaunchTimeoutOption, RayOption, collect,
+                                  launch_timeout_option, spread)
+from cli.stop_signals import signal_name, stop_signals
 
 app = typer.Typer(
     name="capsules",
@@ -219,18 +221,18 @@ def _progress():
     return Progress(console=Console(stderr=True), transient=True)
 
 
-def _write_reports(result, json_file, junit_file):
-    """The --json and --junit reports, both or neither (written atomically); exit 3 if that fails."""
+def write_reports(json_file, junit_file, record, junit) -> None:
+    """The --json (record() as JSON) and --junit (junit()) reports, both or neither, written
+    atomically; exit 3 if that fails."""
     import json
 
-    from capsule_core import report
     from capsule_core.output_files import write_texts_atomic
 
     texts = {}
     if json_file is not None:
-        texts[json_file] = json.dumps(report.verify_record(result), indent=2) + "\n"
+        texts[json_file] = json.dumps(record(), indent=2) + "\n"
     if junit_file is not None:
-        texts[junit_file] = report.verify_junit(result) + "\n"
+        texts[junit_file] = junit() + "\n"
     try:
         write_texts_atomic(texts)
     except OSError as exc:
@@ -250,7 +252,8 @@ def verify(
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/verify-schema.md).")] = None,
     junit_file: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report.")] = None,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Exit 3 unless the run is on a GPU.")] = False,
-    isolate: Annotated[bool, typer.Option("--isolate", help="Each capsule in its own process.")] = False,
+    isolate: IsolateOption = None,
+    launch_timeout: LaunchTimeoutOption = None,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop after the first capsule that fails.")] = False,
     jobs: JobsOption = None,
     devices: DevicesOption = None,
@@ -305,8 +308,9 @@ def verify(
     unwritable = unwritable_outputs({"--json": json_file, "--junit": junit_file})
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
+    launch_timeout = launch_timeout_option(launch_timeout)
     try:
-        chosen, note = resolve(backend.value, device)
+        chosen, note = resolve(backend.value, device, launch_timeout=launch_timeout)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     if require_gpu and chosen.name != "cuda":
@@ -320,41 +324,37 @@ def verify(
             if why:
                 raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
-    where = spread(chosen.name, jobs, devices, ray, len(capsules))
+    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device,
+                   launch_timeout=launch_timeout)
     if where is not None:
         from capsule_core import parallel
-        typer.echo(parallel.describe(where), err=True)
+        typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
     result = engine.VerifyReport(chosen.name, note, seed, quick)
-    child_argv = ["--backend", chosen.name, "--device", str(device), "--seed", str(seed), *(["--quick"] if quick else []),
-                  *[a for c in check or () for a in ("--check", c)], *(["--case", case] if case else []),
-                  *([f"--sanitize={','.join(tools)}"] if tools else [])]
     start = clock.perf_counter()
-    try:
-        with _progress() as progress:
-            task = progress.add_task("verify", total=len(capsules)) if progress else None
-            if where is not None:
-                collect(parallel.verify(capsules, where, fresh=isolate, quick=quick, seed=seed,
-                                        checks=tuple(check) if check else None, case=case, sanitize=tools),
-                        result.capsules, progress, task,
-                        stop=lambda one: fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR))
-            for capsule in capsules if where is None else ():
-                if progress:
-                    progress.update(task, description=f"verify {capsule.op.value}")
-                if isolate:
-                    one = engine.isolated(capsule, child_argv)
-                else:
+    with stop_signals():
+        try:
+            with _progress() as progress:
+                task = progress.add_task("verify", total=len(capsules)) if progress else None
+                if where is not None:
+                    collect(parallel.verify(capsules, where, fresh=bool(isolate), quick=quick, seed=seed,
+                                            checks=tuple(check) if check else None, case=case, sanitize=tools),
+                            result.capsules, progress, task,
+                            stop=lambda one: fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR))
+                for capsule in capsules if where is None else ():
+                    if progress:
+                        progress.update(task, description=f"verify {capsule.op.value}")
                     one = engine.verify_capsule(capsule, chosen, quick=quick, seed=seed,
                                                 checks=tuple(check) if check else None, case=case, sanitize=tools)
-                result.capsules.append(one)
-                if progress:
-                    progress.advance(task)
-                if fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR):
-                    break
-    except KeyboardInterrupt:
-        result.interrupted = True
-    result.seconds = clock.perf_counter() - start
-    typer.echo(report.render_verify(result))
-    _write_reports(result, json_file, junit_file)
+                    result.capsules.append(one)
+                    if progress:
+                        progress.advance(task)
+                    if fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR):
+                        break
+        except KeyboardInterrupt as interruption:
+            result.stop(signal_name(interruption), capsules)
+        result.seconds = clock.perf_counter() - start
+        typer.echo(report.render_verify(result))
+        write_reports(json_file, junit_file, lambda: report.verify_record(result), lambda: report.verify_junit(result))
     raise typer.Exit(result.exit_code)
 
 

@@ -9,7 +9,9 @@ from typing import Annotated, Optional
 import typer
 
 from cli.options import BackendOption, unwritable_outputs
-from cli.parallel_options import DevicesOption, JobsOption, RayOption, collect, spread
+from cli.parallel_options import (DevicesOption, IsolateOption, JobsOption, LaunchTimeoutOption, RayOption, collect,
+                                  launch_timeout_option, spread)
+from cli.stop_signals import signal_name, stop_signals
 
 DEFAULT_EXAMPLES = 100
 """Examples per capsule when neither --examples nor --time is given."""
@@ -32,9 +34,13 @@ def fuzz(
                                                       f"(default ./{DEFAULT_SAVE}, created on the first failure).")] = None,
     replay: Annotated[Optional[Path], typer.Option(help="Rerun one saved failure exactly (its .json file) "
                                                         "instead of fuzzing.")] = None,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/fuzz-schema.md).")] = None,
+    junit_file: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report: one test per capsule.")] = None,
     jobs: JobsOption = None,
     devices: DevicesOption = None,
     ray: RayOption = None,
+    isolate: IsolateOption = None,
+    launch_timeout: LaunchTimeoutOption = None,
 ):
     """Search for contract violations with Hypothesis: shapes, parameters and values, invalid inputs included.
 
@@ -46,7 +52,8 @@ def fuzz(
     accepted one runs value or value.special, vjp, bounds, inputs.intact and determinism under
     the worst-case bound. The first failure of a capsule is shrunk and saved as a replay file
     (docs/fuzz-replay.md); the example database lives in the cache folder.
-    Exit 0 when nothing failed, 1 on a failure, 2 on a usage error, 3 when the backend is missing.
+    Exit 0 when nothing failed, 1 on a failure, 2 on a usage error, 3 when the backend is missing,
+    128 + the signal's number when Ctrl-C, SIGTERM or SIGHUP stopped it (the reports are then partial).
 
     Example: capsules fuzz relu softmax --backend numpy --examples 30 --seed 1
     """
@@ -54,7 +61,7 @@ def fuzz(
 
     from capsule_core import native_cuda, registry, report
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
-    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, _progress, fail
+    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
 
     if replay is not None and (names or all_):
         raise fail("--replay: reruns the capsule its file names; give no NAME or --all with it", EXIT_USAGE)
@@ -73,9 +80,13 @@ def fuzz(
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     directory = save if save is not None else DEFAULT_SAVE
-    unwritable = None if replay is not None else unwritable_outputs({}, {"--save": directory})
+    if replay is not None and (json_file or junit_file):
+        raise fail("--replay: prints what one saved failure gives now; give no --json or --junit with it", EXIT_USAGE)
+    unwritable = None if replay is not None else unwritable_outputs({"--json": json_file, "--junit": junit_file},
+                                                                    {"--save": directory})
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
+    launch_timeout = launch_timeout_option(launch_timeout)
 
     from capsule_core import fuzz as engine
     from capsule_core.backends.select import resolve
@@ -88,17 +99,17 @@ def fuzz(
         except (engine.ReplayFileError, UnknownNameError) as exc:
             raise fail(str(exc), EXIT_USAGE)
     try:
-        chosen, note = resolve(backend.value)
+        chosen, note = resolve(backend.value, launch_timeout=launch_timeout)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
-    where = spread(chosen.name, jobs, devices, ray, len(capsules))
+    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, launch_timeout=launch_timeout)
+    from capsule_core import parallel
     if where is not None:
-        from capsule_core import parallel
-        typer.echo(parallel.describe(where), err=True)
+        typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
 
     if recorded is not None:
-        result = engine.replay(recorded, chosen)
+        result = parallel.replay(recorded, where) if where is not None else engine.replay(recorded, chosen)
         typer.echo(report.render_fuzz_replay(result))
         raise typer.Exit(result.exit_code)
 
@@ -112,34 +123,46 @@ def fuzz(
     run_seed = engine.new_seed() if seed is None else seed
     result = engine.FuzzReport(chosen.name, note, run_seed, time_budget, max_examples)
     start = clock.perf_counter()
-    try:
-        with _progress() as progress:
-            task = progress.add_task("fuzz", total=len(capsules)) if progress else None
-
-            def on_example(state):
-                if progress:
-                    progress.update(task, description=f"fuzz {state.op}: {state.examples} examples"
-                                                      + (f", shrinking ({state.shrink_steps})" if state.shrink_steps else ""))
-            if where is not None:  # a poisoned worker is replaced: the run goes on, result.poisoned stays False
-                collect(parallel.fuzz(capsules, where, time_budget=time_budget, max_examples=max_examples, seed=run_seed,
-                                      database=database), result.capsules, progress, task)
-            else:
-                for one in engine.fuzz(capsules, chosen, time_budget=time_budget, max_examples=max_examples,
-                                       seed=run_seed, database=database, on_example=on_example if progress else None):
-                    result.capsules.append(one)
-                    result.poisoned = result.poisoned or one.poisoned
-                    if progress:
-                        progress.advance(task)
-    except KeyboardInterrupt:
-        result.interrupted = True
-    result.seconds = clock.perf_counter() - start
-
-    saved = {}
-    for failure in result.failures:
+    with stop_signals():
         try:
-            saved[failure.capsule] = engine.write_replay(failure, directory)
-        except OSError as exc:
-            typer.echo(f"capsules: error: --save: cannot write the replay of {failure.capsule} into {directory}: "
-                       f"{exc.strerror}", err=True)
-    typer.echo(report.render_fuzz(result, saved))
-    raise typer.Exit(130 if result.interrupted else result.exit_code)
+            _search(capsules, chosen, where, result, database, time_budget, max_examples, run_seed, bool(isolate))
+        except KeyboardInterrupt as interruption:
+            result.stop(signal_name(interruption), capsules)
+        result.seconds = clock.perf_counter() - start
+
+        saved = {}
+        for failure in result.failures:
+            try:
+                saved[failure.capsule] = engine.write_replay(failure, directory)
+            except OSError as exc:
+                typer.echo(f"capsules: error: --save: cannot write the replay of {failure.capsule} into {directory}: "
+                           f"{exc.strerror}", err=True)
+        typer.echo(report.render_fuzz(result, saved))
+        write_reports(json_file, junit_file, lambda: report.fuzz_record(result, saved),
+                      lambda: report.fuzz_junit(result, saved))
+    raise typer.Exit(result.exit_code)
+
+
+def _search(capsules, chosen, where, result, database, time_budget, max_examples, run_seed, fresh) -> None:
+    """Fuzz the capsules into result.capsules: in the workers of `where` (a poisoned or dead
+    worker is replaced, the run goes on), or here one after another."""
+    from capsule_core import fuzz as engine
+    from capsule_core import parallel
+    from cli.app import _progress
+
+    with _progress() as progress:
+        task = progress.add_task("fuzz", total=len(capsules)) if progress else None
+        if where is not None:
+            collect(parallel.fuzz(capsules, where, time_budget=time_budget, max_examples=max_examples, seed=run_seed,
+                                  database=database, fresh=fresh), result.capsules, progress, task)
+            return
+
+        def on_example(state):
+            progress.update(task, description=f"fuzz {state.op}: {state.examples} examples"
+                                              + (f", shrinking ({state.shrink_steps})" if state.shrink_steps else ""))
+        for one in engine.fuzz(capsules, chosen, time_budget=time_budget, max_examples=max_examples,
+                               seed=run_seed, database=database, on_example=on_example if progress else None):
+            result.capsules.append(one)
+            result.poisoned = result.poisoned or one.poisoned
+            if progress:
+                progress.advance(task)

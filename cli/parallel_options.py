@@ -11,20 +11,41 @@ JobsOption = Annotated[Optional[str], typer.Option(
          "The report is the serial one; a worker that dies is an ERROR of its capsule only.")]
 DevicesOption = Annotated[Optional[str], typer.Option(
     "--devices", metavar="0,1|all", help="The GPUs the cuda workers of --jobs are pinned to, in turn (default all).")]
+IsolateOption = Annotated[Optional[bool], typer.Option(
+    "--isolate/--no-isolate",
+    help="Where the kernels run. Default on emu and cuda: one worker process, replaced after a death, so that a "
+         "kernel that crashes or hangs costs its own capsule only. --isolate: a fresh process for every capsule. "
+         "--no-isolate: here, in this process (to debug under gdb).")]
+LaunchTimeoutOption = Annotated[Optional[float], typer.Option(
+    "--launch-timeout", metavar="SECONDS",
+    help="The emulator's watchdog: a launch running longer is ended as hung (default 120, or "
+         "CAPSULES_LAUNCH_TIMEOUT; 0: none).")]
 RayOption = Annotated[Optional[str], typer.Option(
     "--ray", metavar="ADDRESS",
     help="Each capsule a task on a Ray cluster: local (start one here), auto (the one `ray start` runs here) or "
          "HOST:PORT; needs the ray extra.")]
 
 
-def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optional[str], capsules: int):
+def launch_timeout_option(seconds: Optional[float]) -> Optional[float]:
+    """--launch-timeout checked (a finite number of seconds, 0 for none); exit 2 naming the rule."""
+    from cli.app import EXIT_USAGE, fail
+    if seconds is not None and not 0 <= seconds < float("inf"):
+        raise fail(f"--launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {seconds:g}", EXIT_USAGE)
+    return seconds
+
+
+def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optional[str], capsules: int, *,
+           isolate: Optional[bool] = None, device: int = 0, launch_timeout: Optional[float] = None):
     """Where the options put the capsules: local workers, a Ray cluster, or None (here, one after
-    another). A usage error exits 2, a missing Ray or GPU 3."""
+    another). Without --jobs or --ray, the kernels of emu and cuda run contained in one worker
+    process unless --no-isolate. A usage error exits 2, a missing Ray or GPU 3."""
     from capsule_core import parallel
     from capsule_core.errors import EnvironmentMissing
     from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, fail
 
     try:
+        if isolate is False and (jobs is not None or ray is not None):
+            raise parallel.OptionError("--no-isolate: runs the capsules in this process; give it without --jobs or --ray")
         if ray is not None:
             if jobs is not None:
                 raise parallel.OptionError("--ray: runs each capsule as a Ray task; give --ray or --jobs, not both")
@@ -35,8 +56,10 @@ def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optio
         if jobs is None:
             if devices is not None:
                 raise parallel.OptionError("--devices: pins the workers of --jobs to GPUs; give --jobs too")
-            return None
-        return parallel.local_workers(backend, jobs, devices, capsules)
+            if isolate:
+                return (parallel.Worker(backend, device, launch_timeout),)
+            return (isolate is None and parallel.contained(backend, device, launch_timeout)) or None
+        return parallel.local_workers(backend, jobs, devices, capsules, launch_timeout)
     except parallel.OptionError as exc:
         raise fail(str(exc), EXIT_USAGE)
     except EnvironmentMissing as exc:

@@ -143,7 +143,7 @@ def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_rep
     item = next(i for i in doc["capsules"][0]["checks"] if i["id"] == "launch.plan")
     assert item["status"] == "FAILED"
     assert "the plan function raised ZeroDivisionError: float division by zero" in item["messages"][0]
-    verified = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--check", "launch.plan",
-                                   "--check", "value"])
+    verified = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--no-isolate", "--check",
+                                   "launch.plan", "--check", "value"])  # in-process: the workers would not see the patch
     assert verified.exit_code == 1 and "Traceback" not in verified.stdout + verified.stderr
     assert "FAILED native_cuda.relu launch.plan" in verified.stdout and "ERROR native_cuda.relu value" in verified.stdout

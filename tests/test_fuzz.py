@@ -7,6 +7,7 @@ import json
 import math
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,7 +233,7 @@ def test_cuda_without_a_gpu_exits_3(monkeypatch):
 def test_a_failure_exits_1_is_saved_and_replays(monkeypatch, tmp_path):
     from capsule_core.backends import select
     mutant = BY_ID["sub-vjp-sign"]
-    monkeypatch.setattr(select, "resolve", lambda name, device=0: (mutant.backend(), "backend mutant"))
+    monkeypatch.setattr(select, "resolve", lambda name, device=0, **_: (mutant.backend(), "backend mutant"))
     result = invoke("sub", "relu", "--examples", "200", "--seed", "0", "--save", str(tmp_path))
     assert result.exit_code == 1, result.output
     assert "FAILED native_cuda.sub vjp:" in result.stdout
@@ -240,9 +241,45 @@ def test_a_failure_exits_1_is_saved_and_replays(monkeypatch, tmp_path):
     assert len(saved) == 1 and f"replay: capsules fuzz --replay {saved[0]}" in result.stdout
     again = invoke("--replay", str(saved[0]))
     assert again.exit_code == 1 and "the same failure, bit for bit" in again.stdout
-    monkeypatch.setattr(select, "resolve", lambda name, device=0: (NumpyBackend(), "backend numpy"))
+    monkeypatch.setattr(select, "resolve", lambda name, device=0, **_: (NumpyBackend(), "backend numpy"))
     fixed = invoke("--replay", str(saved[0]))
     assert fixed.exit_code == 0 and "passes" in fixed.stdout
+
+
+def test_json_and_junit_reports_for_ci(monkeypatch, tmp_path):
+    from xml.etree import ElementTree
+
+    from capsule_core.backends import select
+    mutant = BY_ID["sub-vjp-sign"]
+    monkeypatch.setattr(select, "resolve", lambda name, device=0, **_: (mutant.backend(), "backend mutant"))
+    json_file, junit_file = tmp_path / "fuzz.json", tmp_path / "fuzz.xml"
+    result = invoke("sub", "--examples", "50", "--seed", "0", "--save", str(tmp_path / "saved"),
+                    "--json", str(json_file), "--junit", str(junit_file))
+    assert result.exit_code == 1, result.output
+    document = json.loads(json_file.read_text())
+    assert document["schema"] == "capsules.fuzz" and document["exit_code"] == 1 and document["seed"] == 0
+    sub = document["capsules"][0]
+    assert sub["status"] == "FAILED" and sub["failure"]["check"] == "vjp"
+    assert Path(sub["failure"]["replay"]).parent == tmp_path / "saved"
+    suite = ElementTree.parse(junit_file).getroot().find("testsuite")
+    assert (suite.get("name"), suite.get("failures"), suite.get("errors")) == ("native_cuda.sub", "1", "0")
+    failure = suite.find("testcase/failure")
+    assert failure.get("message").startswith("vjp: ") and "replay: capsules fuzz --replay" in failure.text
+    monkeypatch.undo()
+    passed = invoke("relu", "--backend", "numpy", "--examples", "10", "--seed", "0", "--json", str(json_file),
+                    "--junit", str(junit_file))
+    assert passed.exit_code == 0, passed.output
+    relu = json.loads(json_file.read_text())["capsules"][0]
+    assert relu["status"] == "PASSED" and relu["examples"] > 0 and relu["failure"] is None
+    suite = ElementTree.parse(junit_file).getroot().find("testsuite")
+    assert (suite.get("failures"), suite.get("errors"), suite.find("testcase/failure")) == ("0", "0", None)
+
+
+def test_an_unwritable_report_is_refused_before_any_work(tmp_path):
+    result = invoke("relu", "--backend", "numpy", "--json", str(tmp_path / "missing" / "r.json"))
+    assert result.exit_code == 2 and "--json: cannot write" in result.stderr
+    replayed = invoke("--replay", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"))
+    assert replayed.exit_code == 2 and "give no --json or --junit" in replayed.stderr
 
 
 def test_the_time_option_bounds_the_run():

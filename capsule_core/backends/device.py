@@ -106,7 +106,8 @@ class DeviceBackend:
                 self.upload(address + lead, pattern)
                 self.upload(address + lead + band + int(nbytes), pattern)
                 bands.append((b, address + lead, int(nbytes), pattern))
-            self.name_buffer(address + lead + band, int(nbytes), b.name)
+            if banded:  # a guarded output names its view itself, not the guards around it
+                self.name_buffer(address + lead + band, int(nbytes), b.name)
             return address + lead + band
         try:
             for b in plan.buffers:

@@ -50,6 +50,12 @@ class KernelFault(CapsuleError):
     kernel_fault = True
     """The kernel broke its contract (verify FAILS the case); not the tool."""
 
+    def __init__(self, message: str, hung: bool = False):
+        super().__init__(message)
+        self.hung = hung
+        """The launch ran past its timeout: the kernel's other cases would hang too, so verify
+        fails them without launching (as a GPU's watchdog leaves the context unusable)."""
+
 
 @dataclass(frozen=True)
 class HostCompiler:
@@ -120,6 +126,7 @@ def dispatch_source(family: str, refs) -> str:
               "    return s.fault_signal;",
               "}",
               'extern "C" void capsule_emu_set_launch_timeout(double seconds) { capsule_emu::state.timeout_seconds = seconds; }',
+              'extern "C" int capsule_emu_timed_out() { return capsule_emu::state.timed_out; }',
               ""]
     return "\n".join(lines)
 
@@ -206,6 +213,7 @@ def load_family(family: str, family_dir: Path | None = None, refs: tuple | None 
     lib.capsule_emu_fault.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.capsule_emu_set_launch_timeout.restype = None
     lib.capsule_emu_set_launch_timeout.argtypes = [ctypes.c_double]
+    lib.capsule_emu_timed_out.restype = ctypes.c_int
     return lib
 
 
@@ -320,7 +328,7 @@ class EmuBackend(DeviceBackend):
         if status == -1:
             raise KernelFault(f"{ref.symbol} is not in the emulator build of {ref.path}")
         if status != 1:
-            raise KernelFault(self._fault_text(lib, family))
+            raise KernelFault(self._fault_text(lib, family), hung=bool(lib.capsule_emu_timed_out()))
 
     def _fault_text(self, lib, family: str) -> str:
         """The emulator's error, and for a memory fault where the address lies against the run's

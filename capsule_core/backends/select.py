@@ -8,17 +8,18 @@ from ..errors import EnvironmentMissing
 BACKENDS = ("auto", "cuda", "emu", "numpy")
 
 
-def resolve(name: str, device: int = 0, emulate: bool = True):
+def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: float | None = None):
     """(backend, one line saying what was chosen and why). Raises EnvironmentMissing for an
     explicit `cuda` or `emu` that this machine cannot run. `emulate` False: auto never picks the
-    emulator (bench: an emulator's time is no kernel timing)."""
+    emulator (bench: an emulator's time is no kernel timing). `launch_timeout`: the emulator's
+    watchdog in seconds (None: CAPSULES_LAUNCH_TIMEOUT or its default)."""
     from ..execution import NumpyBackend
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
     if name == "numpy":
         return NumpyBackend(), "backend numpy: the numpy float32 provider on the CPU (no kernel runs)"
     if name == "emu":
-        backend = _emulator()
+        backend = _emulator(launch_timeout)
         return backend, f"backend emu: {backend.description}"
     from . import cuda
     probe = cuda.probe()
@@ -31,12 +32,12 @@ def resolve(name: str, device: int = 0, emulate: bool = True):
     if not emulate:
         return NumpyBackend(), f"backend auto -> numpy: no GPU here ({problem})"
     try:
-        backend = _emulator()
+        backend = _emulator(launch_timeout)
     except EnvironmentMissing as exc:
         return NumpyBackend(), f"backend auto -> numpy: no GPU here ({problem}) and no emulator ({exc})"
     return backend, f"backend auto -> emu: no GPU here ({problem}); the kernels run on the {backend.description}"
 
 
-def _emulator():
+def _emulator(launch_timeout: float | None = None):
     from .emu import EmuBackend
-    return EmuBackend()
+    return EmuBackend(launch_timeout=launch_timeout)
