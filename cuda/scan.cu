@@ -3,6 +3,7 @@
 // entry (channels are the fast thread index: coalesced loads of X, A and Bc at every step); thread
 // (d, j) owns the time steps of chunk j:
 //   pass 1  the chunk's summary from h = 0: (Π A, final state)            (all chunks in parallel)
+//           (Π A with its own exponent, never subnormal: see CapsuleScanChunk in scan.cuh)
 //   pass 2  the state entering each chunk, chunk by chunk in order       (one thread per channel)
 //   pass 3  the chunk again from its entering state, writing y           (all chunks in parallel)
 // The backward runs the reverse recurrence the same way, chunks in reverse order; shared
@@ -48,6 +49,7 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_selective_scan
     const float* __restrict__ x, const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ h0,
     float* __restrict__ y, int64_t batch, int64_t time, int64_t dim, int32_t a_per_token, int32_t b_per_token) {
     __shared__ float chunk_a[kMaxThreads], chunk_h[kMaxThreads];
+    __shared__ int chunk_e[kMaxThreads];
     const bool at = a_per_token != 0, bt = b_per_token != 0;
     for (int64_t tile = blockIdx.x; tile < tile_count(batch, dim); tile += gridDim.x) {
         const Tile w = tile_of(tile, time, dim);
@@ -61,13 +63,15 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_selective_scan
             }
         }
         chunk_a[slot()] = s.a;
+        chunk_e[slot()] = s.e;
         chunk_h[slot()] = s.h;
         __syncthreads();
         if (threadIdx.y == 0 && w.valid) {
             // chunk_h[j] becomes the state entering chunk j.
             float h = __ldg(h0 + w.b * dim + w.d);
             for (int j = 0; j < static_cast<int>(blockDim.y); ++j) {
-                const CapsuleScanChunk c{chunk_a[slot_of_chunk(j)], chunk_h[slot_of_chunk(j)]};
+                const int k = slot_of_chunk(j);
+                const CapsuleScanChunk c{chunk_a[k], chunk_h[k], chunk_e[k]};
                 chunk_h[slot_of_chunk(j)] = h;
                 h = capsule_scan_apply(c, h);
             }
@@ -94,6 +98,7 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_selective_scan
     float* __restrict__ db, float* __restrict__ dh0, float* __restrict__ da_part, float* __restrict__ db_part,
     int64_t batch, int64_t time, int64_t dim, int32_t a_per_token, int32_t b_per_token) {
     __shared__ float chunk_a[kMaxThreads], chunk_c[kMaxThreads];
+    __shared__ int chunk_e[kMaxThreads];
     const bool at = a_per_token != 0, bt = b_per_token != 0;
     for (int64_t tile = blockIdx.x; tile < tile_count(batch, dim); tile += gridDim.x) {
         const Tile w = tile_of(tile, time, dim);
@@ -106,17 +111,19 @@ extern "C" __global__ __launch_bounds__(kMaxThreads) void capsule_selective_scan
                 const int64_t i = (w.b * time + t) * dim + w.d;
                 const float av = at ? __ldg(a + i) : a_shared;
                 s.h = capsule_scan_carry(capsule_scan_total(__ldg(g + i), s.h), av);
-                s.a *= av;
+                capsule_scan_scale(s, av);
             }
         }
         chunk_a[slot()] = s.a;
+        chunk_e[slot()] = s.e;
         chunk_c[slot()] = s.h;
         __syncthreads();
         if (threadIdx.y == 0 && w.valid) {
             // chunk_c[j] becomes the carry entering chunk j from the chunks after it.
             float c = 0.0f;
             for (int j = static_cast<int>(blockDim.y) - 1; j >= 0; --j) {
-                const CapsuleScanChunk m{chunk_a[slot_of_chunk(j)], chunk_c[slot_of_chunk(j)]};
+                const int k = slot_of_chunk(j);
+                const CapsuleScanChunk m{chunk_a[k], chunk_c[k], chunk_e[k]};
                 chunk_c[slot_of_chunk(j)] = c;
                 c = capsule_scan_apply(m, c);
             }

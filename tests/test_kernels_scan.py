@@ -14,7 +14,7 @@ import pytest
 
 from capsule_core.kernels import ARCHES, cuda_source_dir
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import seeded_rng, validate
+from capsule_core.ops.base import Sample, seeded_rng, validate
 from capsule_core.plans import scan as plans
 from family_checks import (build_problems, case_plans, cases, compared, cotangent, emulate, family_ops, missed_faults,
                            plan_case_problems, same_bits, signature_problems, symbols)
@@ -85,6 +85,49 @@ def test_kernels_for_any_chunk_count(emulator, chunks, monkeypatch):
         for plan in case_plans(OP, sample):
             assert plan.launches[0].block[1] == chunks
         check_sample(emulator, sample, f" chunks={chunks}")
+
+
+def underflowing_decay_product() -> dict:
+    """Issue 24 item 8 (`capsules fuzz selective_scan --backend emu --seed 7`, drawn from
+    edge-one-step with `a` at extremes), channel (0, :, 38) of its replay: one large input at t = 1,
+    A = 0.8226804 but 1e-45 = 2^-149 at t = 19. Every A·h of the recurrence is normal (h[19] =
+    -1.04e-36), but chunk [18, 27)'s Π A = 2.94e-46 rounds, factor by factor in plain float32, to
+    2^-149 (×0.82 rounds back up), 4.77 times too large, and times the entering state -9.03e8 made
+    h[27] = -1.0413467e-36 where the reference is -2.1849653e-37."""
+    x = np.zeros((1, 33, 1), np.float32)
+    x[0, 1, 0] = 2.9021735e10
+    a = np.full((1, 33, 1), 0.8226804, np.float32)
+    a[0, 19, 0] = 1e-45
+    return {"x": x, "a": a, "b": np.full((1, 33, 1), -0.70698726, np.float32), "h0": f32([[-0.9223675]])}
+
+
+def test_decay_product_in_the_subnormals_keeps_its_relative_accuracy(emulator, monkeypatch):
+    force_chunks(monkeypatch, 4)  # chunks of 9 steps, as the plan of the fuzzed (3, 33, 45) launched it
+    inputs = underflowing_decay_product()
+    assert inputs["a"][0, 19, 0] == np.float32(2.0**-149)
+    y, _ = run_plans(emulator, inputs, np.ones((1, 33, 1), np.float32))
+    assert abs(y[0, 27, 0] / -2.1849653e-37 - 1) < 2**-20, y[0, 27, 0]
+    # the failing kernel used 1.0000002 of the bound here; a float32 run of the spec formula, 0.035
+    assert check_sample(emulator, Sample(inputs, {}, "fuzz", True), " issue 24 item 8") < 0.1
+    # The backward's carry map over the same chunk: Π A from t = 26 down, 0.82^7·2^-149, rounds to 0
+    # in plain float32, which would drop all of g[27] from the cotangents before t = 18.
+    g = np.zeros((1, 33, 1), np.float32)
+    g[0, 27, 0] = 1e30
+    y, d = run_plans(emulator, inputs, g)
+    result = compared(OP, Sample(inputs, {}, "fuzz", True), y, d, g, " issue 24 item 8, g[27] = 1e30")
+    assert d["h0"][0, 0] != 0 and result.problems == [] and result.worst < 0.1, result
+
+
+def test_decay_product_beyond_float32_range_is_applied_exactly(emulator, monkeypatch):
+    """Chunks whose Π A overflows (2^90·2^90, 2^200) or underflows (2^-90·2^-90) float32 where the
+    recurrence stays normal: the chunked scan still gives the recurrence's result, not ±inf or 0
+    times the entering state (powers of two only: every step is exact)."""
+    force_chunks(monkeypatch, 3)
+    exponents = [90, 90, -90, -90, 50, 50, 50, 50, -90, -90, 90, 90]
+    inputs = {"x": np.zeros((1, 12, 1), np.float32), "a": f32([2.0**e for e in exponents])[None, :, None],
+              "b": f32([1]), "h0": f32([[2.0**-100]])}
+    y, _ = run_plans(emulator, inputs, np.zeros((1, 12, 1), np.float32))
+    assert y[0, :, 0].tolist() == [2.0**e for e in np.cumsum([-100] + exponents)[1:].tolist()]
 
 
 def run_plans(runner, arrays, g):

@@ -114,3 +114,40 @@ def test_coefficient_with_the_state_shape_is_refused():
     inputs = {"x": np.zeros((2, 5, 3)), "a": np.zeros((2, 3)), "b": np.zeros(3), "h0": np.zeros((2, 3))}
     with pytest.raises(ShapeError, match=r"^selective_scan: a: must have shape \(D,\)"):
         _scan(**inputs)
+
+
+def test_model_holds_the_recurrence_in_float32_where_a_chunk_decay_product_underflows():
+    """Issue 24 item 8's input (fuzz seed 7; channel (0, :, 38) of its replay, the values as float32
+    prints them): the error model is right near the subnormals. The spec formula run in float32 (the
+    numpy provider) keeps every A·h normal and meets it with room to spare; a chunked scan that forms
+    chunk [18, 27)'s Π A in plain float32 (0.82·2^-149·0.82^7 = 2.94e-46 rounds to 2^-149, as the
+    failing kernel did) gives 4.77 times the reference at t = 27: |y-r| = 8.23e-37 > 70·2^-126 + 70u·M
+    (x = 2.9e10 is the smallest the fuzzer's shrinking kept failing; a larger x fails by far more)."""
+    from capsule_core.numerics import compare
+    from capsule_core.ops import get_spec
+
+    spec = get_spec("selective_scan")
+    x = np.zeros((1, 33, 1), np.float32)
+    x[0, 1, 0] = 2.9021735e10
+    a = np.full((1, 33, 1), 0.8226804, np.float32)
+    a[0, 19, 0] = 1e-45
+    b, h0 = np.full((1, 33, 1), -0.70698726, np.float32), np.array([[-0.9223675]], np.float32)
+    inputs = {"x": x, "a": a, "b": b, "h0": h0}
+    r = reference.forward("selective_scan", inputs)
+    assert r[0, 27, 0] == pytest.approx(-2.1849653e-37, rel=1e-7)
+    m = spec.magnitude({k: np.abs(v.astype(np.float64)) for k, v in inputs.items()}, {}, r)
+    n = spec.error.length({k: v.shape for k, v in inputs.items()}, {})
+    assert n == 66
+    y32 = spec.forward(inputs, {})
+    assert y32.dtype == np.float32 and np.abs(y32[0, 19:, 0]).min() > 2.0**-126  # nothing subnormal
+    assert compare(y32, r, m, spec.error, n, worst_case=True).worst < 0.1
+    product = np.float32(1)
+    for t in range(18, 27):
+        product = np.float32(product * a[0, t, 0])
+    assert product == np.float32(2.0**-149)
+    entering = np.float32(product * np.float32(-903303232.0))  # h[17] as the kernel had it, times Π A
+    failing = y32.copy()
+    failing[0, 27, 0] = np.float32(a[0, 27, 0] * entering)  # x[27] = 0
+    assert failing[0, 27, 0] == np.float32(-1.0413467e-36)  # what the fuzzed kernel returned
+    result = compare(failing, r, m, spec.error, n, worst_case=True)
+    assert not result.passed and result.index == (0, 27, 0)

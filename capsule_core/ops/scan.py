@@ -199,6 +199,7 @@ SELECTIVE_SCAN = OpSpec(
             Tensor("h0", "(B, D)")),
     params=(), shape_rule="(B, T, D)", shape=_shape,
     forward=_forward, vjp=_vjp, magnitude=_magnitude, vjp_magnitude=_vjp_magnitude,
+    # Near the subnormals M is right (float32 A·h + Bc·X meets it); a chunked scan's Π A must not underflow.
     error=Accumulation(
         4, "Bc·X 1 rounding, a chunked or parallel scan's combine 2 more; each step rounds the carried state "
            "twice (A·h, + Bc·X; once with FMA), so n = 2T over the unrolled recurrence", n=_recurrence_length),
