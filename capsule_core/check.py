@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .kernels import (ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, KernelBudget, KernelResources,
                       compile_all, cuda_source_dir, find_nvcc)
+from .c_types import C_TYPES
 from .launch import flat_buffers, parse_param, plan_functions, plan_problems
 from .model import KernelCapsule, NativeSymbolRef, contracts_aligned
 
@@ -74,13 +75,10 @@ class CheckReport:
         return 1 if any(c.status is Status.FAILED for c in self.capsules) else 0
 
 
-EXPECTED_PTX = {"float": "f32", "int32_t": "u32", "int64_t": "u64", "uint64_t": "u64"}
-"""PTX type of each declared C parameter type; PTX passes every pointer as a u64."""
-
-
 def expected_ptx_type(declared: str) -> str:
+    """The PTX type of a declared C parameter (c_types); PTX passes every pointer as a u64."""
     p = parse_param(declared)
-    return "u64" if p.pointer else EXPECTED_PTX[p.ctype]
+    return "u64" if p.pointer else C_TYPES[p.ctype].ptx
 
 
 def _source_declares(ref: NativeSymbolRef, text: str) -> bool:

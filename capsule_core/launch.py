@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .c_types import BUFFER_DTYPES, C_TYPES
 from .model import KernelCapsule, NativeSymbolRef
 
 BLOCK_LIMITS = (1024, 1024, 64)
@@ -26,8 +27,6 @@ DYNAMIC_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
 """Per-block shared memory with the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
 
 ROLES = ("input", "output", "workspace", "meta")
-BUFFER_DTYPES = {"float32": np.float32, "int32": np.int32, "int64": np.int64}
-"""What a plan buffer may hold: a kernel's float*, int32_t* or int64_t* (POINTER_DTYPES)."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +107,8 @@ def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple
 
 # -- the C types of declared parameters ---------------------------------------------------
 
-_PARAM = re.compile(r"^(?P<const>const )?(?P<type>float|int64_t|uint64_t|int32_t)(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$")
-
-SCALAR_RANGES = {"int64_t": (-2**63, 2**63 - 1), "uint64_t": (0, 2**64 - 1), "int32_t": (-2**31, 2**31 - 1)}
-POINTER_DTYPES = {"float": "float32", "int32_t": "int32", "int64_t": "int64"}
+_PARAM = re.compile(r"^(?P<const>const )?(?P<type>" + "|".join(sorted(map(re.escape, C_TYPES), key=len, reverse=True))
+                    + r")(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$")
 
 
 @dataclass(frozen=True)
@@ -191,18 +188,19 @@ def _argument_problems(where: str, param: CParam, arg, buffers: Mapping[str, Buf
         if not isinstance(arg, str) or arg not in buffers:
             return [f"{where}: {param.name} needs a buffer, got {arg!r}"]
         b = buffers[arg]
-        if POINTER_DTYPES[param.ctype] != b.dtype:
+        if C_TYPES[param.ctype].buffer != b.dtype:
             return [f"{where}: {param.name} is {param.ctype}* but buffer {arg} holds {b.dtype}"]
         if not param.const and b.role in ("input", "meta"):
             return [f"{where}: {param.name} is writable but buffer {arg} is a read-only {b.role}"]
         return []
     if isinstance(arg, (bool, np.bool_)) or not isinstance(arg, (int, float, np.integer, np.floating)):
         return [f"{where}: {param.name} needs a number of type {param.ctype}, got {arg!r}"]
-    if param.ctype == "float":
-        if not np.isfinite(np.float32(arg)) and np.isfinite(arg):
-            return [f"{where}: {param.name} = {arg!r} overflows float"]
+    ctype = C_TYPES[param.ctype]
+    if ctype.is_float:
+        if not np.isfinite(ctype.numpy(arg)) and np.isfinite(arg):
+            return [f"{where}: {param.name} = {arg!r} overflows {param.ctype}"]
         return []
-    lo, hi = SCALAR_RANGES[param.ctype]
+    lo, hi = ctype.range
     if not isinstance(arg, (int, np.integer)) or not lo <= int(arg) <= hi:
         return [f"{where}: {param.name} = {arg!r} does not fit {param.ctype}"]
     return []

@@ -29,3 +29,11 @@ def _gpu_unavailable() -> str:
 def host_build_dir(tmp_path_factory):
     """Where tests/hostmath.py puts the host builds of the kernels' device math."""
     return str(tmp_path_factory.mktemp("hostmath"))
+
+
+@pytest.fixture
+def machine_without_gpu(monkeypatch):
+    """This machine as CI's, whatever it has: PyCUDA sees no device (for the tests of what a
+    machine without a GPU does; they would test something else on a GPU machine)."""
+    from capsule_core.backends import cuda
+    monkeypatch.setattr(cuda, "probe", lambda: cuda.CudaProbe(None, None, (), "pycuda does not import (a test)"))

@@ -63,7 +63,7 @@ def test_a_cxx_that_is_not_there_is_named(monkeypatch):
         resolve("emu")
 
 
-def test_auto_falls_back_to_numpy_without_gpu_or_compiler(no_compiler):
+def test_auto_falls_back_to_numpy_without_gpu_or_compiler(no_compiler, machine_without_gpu):
     backend, note = resolve("auto")
     assert backend.name == "numpy"
     assert note.startswith("backend auto -> numpy: no GPU here") and "no emulator" in note

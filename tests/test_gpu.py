@@ -23,9 +23,20 @@ def test_capsule_verifies_on_the_gpu(capsule, cuda_backend):
 
 
 def test_a_failed_launch_is_reported_not_fatal(cuda_backend):
-    """An input the plan cannot launch (no plan for an unknown op) is a clear error, not a crash."""
-    from capsule_core.errors import CapsuleError
+    """A launch the driver refuses (a block of 2048 threads, past the hardware's 1024; plan
+    validation is bypassed on purpose) is a LaunchFailed naming the kernel, not a crash."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from capsule_core import registry
+    from capsule_core.backends.cuda import LaunchFailed
     from capsule_core.execution import GuardedOutput
-    from capsule_core.ops import get_spec
-    with pytest.raises(CapsuleError):
-        cuda_backend.forward(get_spec("relu"), {"x": [[1.0]] * 3}, {"bogus": 1}, GuardedOutput((3, 1)))
+    from capsule_core.launch import plan_functions
+    capsule = registry.lookup("relu")
+    forward, _ = plan_functions(capsule)
+    x = np.ones(8, np.float32)
+    plan = forward({"x": x}, {})
+    plan = replace(plan, launches=tuple(replace(launch, block=(2048, 1, 1)) for launch in plan.launches))
+    with pytest.raises(LaunchFailed, match="launch of capsule_relu_fwd"):
+        cuda_backend.execute(capsule, plan, {"x": x}, {"out": GuardedOutput((8,))})

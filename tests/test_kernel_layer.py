@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -145,7 +146,7 @@ def _plan(block=(256, 1, 1), args=("x", "out", 2.0, 10), shared=0):
 def test_buffers_hold_the_kernels_pointer_types_and_size_themselves():
     assert [Buffer("b", "workspace", t, 5).nbytes for t in ("float32", "int32", "int64")] == [20, 20, 40]
     assert Buffer("empty", "workspace", "int64", 0).nbytes == 0
-    with pytest.raises(ValueError, match="buffer b: dtype must be one of float32, int32, int64"):
+    with pytest.raises(ValueError, match="buffer b: dtype must be one of float32, int32, uint32, int64, uint64"):
         Buffer("b", "workspace", "float64", 5)
 
 
@@ -184,3 +185,59 @@ def test_check_refuses_reference_capsules_and_unknown_names():
 def test_source_declarations_with_launch_bounds_are_found(text):
     assert check_engine._source_declares(DECLARED, text)
     assert not check_engine._source_declares(DECLARED, text.replace("capsule_tiny_fwd", "capsule_tiny_fwd2"))
+
+
+EVERY_TYPE = r'''
+#include <cstddef>
+#include <cstdint>
+extern "C" __global__ void capsule_types_fwd(const float* __restrict__ x, const uint32_t* __restrict__ shape,
+                                             unsigned int* __restrict__ out, float c, int32_t a, int b, uint32_t d,
+                                             unsigned int e, int64_t f, uint64_t g, size_t n) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        out[0] = shape[0] + shape[1];
+        out[1] = static_cast<unsigned int>(x[0] * c);
+        out[2] = static_cast<unsigned int>(a + b) + d + e;
+        out[3] = static_cast<unsigned int>(f >> 32) ^ static_cast<unsigned int>(g >> 32) ^ static_cast<unsigned int>(n);
+    }
+}
+'''
+EVERY_REF = NativeSymbolRef("cuda/types.cu", "capsule_types_fwd", (
+    "const float* __restrict__ x", "const uint32_t* __restrict__ shape", "unsigned int* __restrict__ out", "float c",
+    "int32_t a", "int b", "uint32_t d", "unsigned int e", "int64_t f", "uint64_t g", "size_t n"))
+
+
+def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
+    """The table's PTX column is nvcc's own: a kernel taking every type, compiled, against it."""
+    from capsule_core.c_types import C_TYPES
+    from capsule_core.check import expected_ptx_type
+    from capsule_core.launch import parse_param
+    source = tmp_path / "types.cu"
+    source.write_text(EVERY_TYPE)
+    compiled = kernels.compile_file(source, "sm_90")
+    found = [p.ptx_type for p in compiled.entries["capsule_types_fwd"]]
+    assert found == [expected_ptx_type(p) for p in EVERY_REF.params]
+    assert {parse_param(p).ctype for p in EVERY_REF.params} == set(C_TYPES), "a row of the table is not tried"
+
+
+def test_the_emulator_passes_every_c_type_and_plan_buffers_of_uint32(tmp_path):
+    from capsule_core.backends.emu import EmuBackend
+    from capsule_core.launch import parse_param
+    (tmp_path / "types.cu").write_text(EVERY_TYPE)
+    assert [parse_param(p).ctype for p in EVERY_REF.params[3:]] == [
+        "float", "int32_t", "int", "uint32_t", "unsigned int", "int64_t", "uint64_t", "size_t"]
+    backend = EmuBackend(family_dir=tmp_path, refs=(EVERY_REF,))
+    plan = LaunchPlan("types", "fwd", (Buffer("x", "input", "float32", 1), Buffer("shape", "meta", "uint32", 2),
+                                       Buffer("out", "output", "uint32", 4)),
+                      (Launch("capsule_types_fwd", (1, 1, 1), (32, 1, 1),
+                              ("x", "shape", "out", 3.0, -5, 7, 2**32 - 1, 11, 5 << 32, 9 << 32, 2**33 + 13)),),
+                      host_data={"shape": np.array([4, 6], np.uint32)}, output_shapes={"out": (4,)})
+    assert plan_problems(plan, {EVERY_REF.symbol: EVERY_REF}) == []
+    assert any("does not fit uint32_t" in p for p in plan_problems(
+        LaunchPlan(plan.op, plan.direction, plan.buffers, (Launch("capsule_types_fwd", (1, 1, 1), (32, 1, 1),
+                   ("x", "shape", "out", 3.0, -5, 7, -1, 11, 0, 0, 0)),), plan.host_data, plan.output_shapes),
+        {EVERY_REF.symbol: EVERY_REF}))
+    from capsule_core.execution import GuardedOutput
+    out = GuardedOutput((4,))  # four-byte elements: its bits read back as uint32
+    capsule = type("Capsule", (), {"symbols": (EVERY_REF,)})()
+    backend.execute(capsule, plan, {"x": np.array([2.5], np.float32)}, {"out": out})
+    assert out.view.view(np.uint32).tolist() == [10, 7, (2 + 2**32 - 1 + 11) % 2**32, 5 ^ 9 ^ 13]

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capsule_core import sanitize
-from capsule_core.backends.device import SCALAR_TYPES
+from capsule_core.c_types import C_TYPES
 from capsule_core.kernels import cuda_source_dir
 from capsule_core.model import NativeSymbolRef
 
@@ -78,7 +78,7 @@ def run_planted(tool, defect, folder, refs):
         backend.names = {xa // backend._SPAN: "x", ya // backend._SPAN: "y"}
     backend.upload(xa, x)
     ref = next(r for r in refs if r.symbol == f"capsule_planted_{defect}")
-    backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, [np.uintp(xa), np.uintp(ya), SCALAR_TYPES["int64_t"](N)])
+    backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, [np.uintp(xa), np.uintp(ya), C_TYPES["int64_t"].numpy(N)])
     backend.synchronize()
     y = np.empty(N, np.float32)
     backend.download(y, ya)
@@ -136,7 +136,7 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
         xa, xb, y = (backend.allocate(a.nbytes) for _ in range(3))
         backend.upload(xa, a)
         backend.upload(xb, a)
-        i64 = SCALAR_TYPES["int64_t"]
+        i64 = C_TYPES["int64_t"].numpy
         backend.launch(ref, (1, 1, 1), (128, 1, 1), 0,
                        [np.uintp(xa), np.uintp(xb), np.uintp(y), np.uintp(y), i64(1), i64(n), i64(n), i64(n), i64(1)])
         with pytest.raises(sanitize.SanitizerFinding) as found:
@@ -173,7 +173,7 @@ def test_racecheck_finds_blocks_writing_one_element(tmp_path, blocks):
     xa, ya = backend.allocate(x.nbytes), backend.allocate(x.nbytes)
     backend.names = {xa // backend._SPAN: "x", ya // backend._SPAN: "y"}
     backend.upload(xa, x)
-    args = [np.uintp(xa), np.uintp(ya), SCALAR_TYPES["int64_t"](N)]
+    args = [np.uintp(xa), np.uintp(ya), C_TYPES["int64_t"].numpy(N)]
     backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, args)
     backend.launch(ref, (blocks, 1, 1), (N, 1, 1), 0, args)
     with pytest.raises(sanitize.SanitizerFinding) as found:
@@ -199,8 +199,8 @@ def test_a_uint64_scalar_is_recorded_as_a_value_not_a_buffer():
     backend = sanitize.SanitizedBackend("memcheck")
     out = backend.allocate(28)
     ref = NativeSymbolRef("cuda/random.cu", "capsule_planted_fill", ("float* y", "uint64_t key", "int64_t n"))
-    key = SCALAR_TYPES["uint64_t"](8525894732446514792)
-    backend.launch(ref, (1, 1, 1), (32, 1, 1), 0, [np.uintp(out), key, SCALAR_TYPES["int64_t"](7)])
+    key = C_TYPES["uint64_t"].numpy(8525894732446514792)
+    backend.launch(ref, (1, 1, 1), (32, 1, 1), 0, [np.uintp(out), key, C_TYPES["int64_t"].numpy(7)])
     words = backend._launches[-1][-1]
     assert words == [f"b{out // backend._SPAN}+0", "8525894732446514792", "7"]
 

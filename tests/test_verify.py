@@ -85,7 +85,7 @@ def test_guarded_output_accounting():
     assert out.unwritten() == 0 and out.guard_damage() == 1
 
 
-def test_cli_backend_cuda_without_a_gpu_exits_3_with_one_sentence():
+def test_cli_backend_cuda_without_a_gpu_exits_3_with_one_sentence(machine_without_gpu):
     result = runner.invoke(app, ["verify", "relu", "--backend", "cuda"])
     assert result.exit_code == 3
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -99,12 +99,12 @@ def test_cli_usage_errors_exit_2():
     assert runner.invoke(app, ["verify", "relux"]).exit_code == 2
 
 
-def test_cli_require_gpu_exits_3_here():
+def test_cli_require_gpu_exits_3_here(machine_without_gpu):
     result = runner.invoke(app, ["verify", "relu", "--require-gpu"])
     assert result.exit_code == 3 and "--require-gpu" in result.stderr
 
 
-def test_cli_auto_says_which_backend_and_writes_json_and_junit(tmp_path):
+def test_cli_auto_says_which_backend_and_writes_json_and_junit(tmp_path, machine_without_gpu):
     json_file, junit_file = tmp_path / "v.json", tmp_path / "v.xml"
     result = runner.invoke(app, ["verify", "relu", "add", "--quick", "--json", str(json_file), "--junit", str(junit_file),
                                  *[a for c in DYNAMIC for a in ("--check", c)]])

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CapsuleError, EnvironmentMissing
-from ..launch import BUFFER_DTYPES
-from .device import SCALAR_TYPES, DeviceBackend
+from ..c_types import BUFFER_DTYPES, C_TYPES, scalar_argument
+from .device import DeviceBackend
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,6 @@ class LaunchFailed(CapsuleError):
     poisoned = True
 
 
-PREPARE_FORMAT = {"float": "f", "int32_t": "i", "int64_t": "q", "uint64_t": "Q"}
-
-
 class CudaBackend(DeviceBackend):
     """Runs launch plans on one GPU: the device calls of DeviceBackend through PyCUDA."""
 
@@ -146,7 +143,7 @@ class CudaBackend(DeviceBackend):
                 self._modules[ref.path] = self.drv.module_from_buffer(compiled.cubin)
             fn = self._modules[ref.path].get_function(ref.symbol)
             params = [parse_param(p) for p in ref.params]
-            fn.prepare("".join("P" if p.pointer else PREPARE_FORMAT[p.ctype] for p in params))
+            fn.prepare("".join("P" if p.pointer else C_TYPES[p.ctype].prepare for p in params))
             self._functions[ref.symbol] = (fn, params)
         return self._functions[ref.symbol]
 
@@ -404,7 +401,7 @@ class TimedPlan(_Timed):
             self.launches = []
             for launch in plan.launches:
                 fn, params = backend.function(symbols[launch.symbol])
-                args = tuple(np.uintp(pointers[a]) if p.pointer else SCALAR_TYPES[p.ctype](a)
+                args = tuple(np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
                              for p, a in zip(params, launch.args))
                 if launch.shared_bytes > 48 * 1024:
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)

@@ -18,9 +18,8 @@ import numpy as np
 from .. import activity
 from ..errors import CapsuleError
 from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
-from ..launch import BUFFER_DTYPES, flat_buffers, parse_param
-
-SCALAR_TYPES = {"float": np.float32, "int32_t": np.int32, "int64_t": np.int64, "uint64_t": np.uint64}
+from ..c_types import BUFFER_DTYPES, scalar_argument
+from ..launch import flat_buffers, parse_param
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ class DeviceBackend:
             for index, launch in enumerate(plan.launches, 1):
                 ref = symbols[launch.symbol]
                 params = [parse_param(p) for p in ref.params]
-                args = [np.uintp(pointers[a]) if p.pointer else SCALAR_TYPES[p.ctype](a) for p, a in zip(params, launch.args)]
+                args = [np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a) for p, a in zip(params, launch.args)]
                 self.launch_count += 1
                 self.current_launch = (f"{index}/{len(plan.launches)} of the plan: {launch.symbol} grid "
                                        f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}")

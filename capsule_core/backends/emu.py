@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..c_types import C_TYPES, argument_word
 from ..errors import CapsuleError, EnvironmentMissing
 from .device import DeviceBackend
 from .emu_memory import address_space
@@ -99,8 +100,8 @@ def _argument(param, index: int) -> str:
     ctype = f"{'const ' if param.const else ''}{param.ctype}"
     if param.pointer:
         return f"reinterpret_cast<{ctype}*>(a[{index}])"
-    if param.ctype == "float":
-        return f"capsule_emu_bits<float>(static_cast<uint32_t>(a[{index}]))"
+    if C_TYPES[param.ctype].is_float:
+        return f"capsule_emu_bits<{param.ctype}>(static_cast<uint32_t>(a[{index}]))"
     return f"static_cast<{param.ctype}>(a[{index}])"
 
 
@@ -252,10 +253,7 @@ def argument_words(args: list) -> np.ndarray:
     """Typed launch arguments as the 64-bit words capsule_emu_run reads (a float in the low 32 bits)."""
     words = np.zeros(max(len(args), 1), np.uint64)
     for i, a in enumerate(args):
-        if isinstance(a, np.float32):
-            words[i] = int(a.view(np.uint32))
-        else:
-            words[i] = int(a) & 0xFFFFFFFFFFFFFFFF
+        words[i] = argument_word(a)
     return words
 
 
