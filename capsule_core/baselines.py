@@ -359,7 +359,7 @@ class NumpyLibrary(Library):
         return np
 
     def target(self, fn, cold_flush_bytes: int):
-        from .bench import CpuFlush, WallClockTarget
+        from .cpu_timing import CpuFlush, WallClockTarget
         return WallClockTarget(fn, CpuFlush(cold_flush_bytes), timer="wall clock (numpy on the CPU)")
 
     def settings(self) -> dict:
@@ -415,7 +415,7 @@ class TorchLibrary(Library):
     def target(self, fn, cold_flush_bytes: int):
         if self.device == "cuda":
             return TorchCudaTarget(self._torch, fn, cold_flush_bytes)
-        from .bench import CpuFlush, WallClockTarget
+        from .cpu_timing import CpuFlush, WallClockTarget
         return WallClockTarget(fn, CpuFlush(cold_flush_bytes), timer="wall clock (PyTorch on the CPU)")
 
     def synchronize(self):

@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from .kernels import (ARCHES, COMPILE_FLAGS, CompileError, CompiledFile, KernelBudget, KernelResources,
-                      compile_all, cuda_source_dir, find_nvcc)
 from .c_types import C_TYPES
+from .kernels import (
+    ARCHES,
+    COMPILE_FLAGS,
+    CompiledFile,
+    CompileError,
+    KernelBudget,
+    KernelResources,
+    compile_all,
+    cuda_source_dir,
+    find_nvcc,
+)
 from .launch import flat_buffers, parse_param, plan_functions, plan_problems
 from .model import KernelCapsule, NativeSymbolRef, contracts_aligned
 

@@ -81,29 +81,3 @@ def gradient_outputs(spec: OpSpec, arrays: Mapping[str, object]) -> dict:
         value = arrays[name]
         out[name] = tuple(GuardedOutput(v.shape) for v in value) if isinstance(value, tuple) else GuardedOutput(value.shape)
     return out
-
-
-class NumpyBackend:
-    """The numpy float32 provider behind the Backend interface: the CPU stand-in for the GPU."""
-
-    name = "numpy"
-    description = "numpy float32 provider (CPU)"
-
-    def __init__(self, provider=None):
-        from .backends.cpu import NUMPY_F32
-        self.provider = provider or NUMPY_F32
-
-    def forward(self, spec, inputs, params, out):
-        y = self.provider.forward(spec, inputs, **params)
-        out.view[...] = y
-        return Run(inputs, 1)
-
-    def backward(self, spec, inputs, params, g, grads):
-        result = self.provider.vjp(spec, inputs, g, **params)
-        for name, target in grads.items():
-            if isinstance(target, tuple):
-                for t, r in zip(target, result[name]):
-                    t.view[...] = r
-            else:
-                target.view[...] = result[name]
-        return Run(inputs, 1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.cpu import REFERENCE
+from .cpu_providers import REFERENCE
 from .ops.base import OpSpec, Sample, seeded_rng
 
 STEP = 1e-6

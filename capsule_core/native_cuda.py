@@ -10,9 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import (BackendOp, ContractClaim, ContractDescriptor, ContractEvidence, Device,
-                    KernelCapsule, LAYOUT_CLAIMS, NativeSymbolRef, NumericalPolicy, Provider,
-                    ReductionPolicy, TensorLayout, TrustLevel, VJPMode)
+from .model import (
+    LAYOUT_CLAIMS,
+    BackendOp,
+    ContractClaim,
+    ContractDescriptor,
+    ContractEvidence,
+    Device,
+    KernelCapsule,
+    NativeSymbolRef,
+    NumericalPolicy,
+    Provider,
+    ReductionPolicy,
+    TensorLayout,
+    TrustLevel,
+    VJPMode,
+)
 
 SHAPE_GUARD = "capsule_core.ops.base.validate"
 LAYOUT_GUARD = "capsule_core.ops.base.as_input_arrays"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops.base import TINY, U, Accumulation, ErrorModel, Exact
+from .ops.base import TINY, Accumulation, ErrorModel, Exact, U
 
 FLT_MAX = float(np.finfo(np.float32).max)
 OVERFLOW_THRESHOLD = FLT_MAX * (1 + 2.0**-25)

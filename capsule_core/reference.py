@@ -12,22 +12,22 @@ from __future__ import annotations
 
 
 def forward(op: str, inputs: dict, **params):
-    from .backends.cpu import REFERENCE
+    from .cpu_providers import REFERENCE
     return REFERENCE.forward(op, inputs, **params)
 
 
 def vjp(op: str, inputs: dict, cotangent, **params) -> dict:
-    from .backends.cpu import REFERENCE
+    from .cpu_providers import REFERENCE
     return REFERENCE.vjp(op, inputs, cotangent, **params)
 
 
 def magnitude(op: str, inputs: dict, **params):
-    from .backends.cpu import REFERENCE
+    from .cpu_providers import REFERENCE
     return REFERENCE.magnitude(op, inputs, **params)
 
 
 def vjp_magnitude(op: str, inputs: dict, cotangent, **params) -> dict:
-    from .backends.cpu import REFERENCE
+    from .cpu_providers import REFERENCE
     return REFERENCE.vjp_magnitude(op, inputs, cotangent, **params)
 
 

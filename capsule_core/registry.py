@@ -8,8 +8,17 @@ from dataclasses import dataclass
 
 from . import native_cuda, reference
 from .errors import RegistryError, UnknownNameError
-from .model import (BackendOp, KernelCapsule, KernelPolicy, ReductionPolicy, VJPMode, choose,
-                    contracts_aligned, refusal, same_identity)
+from .model import (
+    BackendOp,
+    KernelCapsule,
+    KernelPolicy,
+    ReductionPolicy,
+    VJPMode,
+    choose,
+    contracts_aligned,
+    refusal,
+    same_identity,
+)
 
 MODULES: dict[str, tuple[KernelCapsule, ...]] = {
     "native_cuda": native_cuda.CAPSULES,

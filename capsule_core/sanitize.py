@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from .backends.device import DeviceBackend
-from .launch import parse_param
 from .backends.emu import HOST_FLAGS, EmuBackend, KernelFault, argument_words, build_family, find_host_compiler
-from .errors import CapsuleError, EnvironmentMissing
 from .children import die_with_parent
+from .errors import CapsuleError, EnvironmentMissing
+from .launch import parse_param
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -219,7 +219,7 @@ class SanitizedBackend(DeviceBackend):
         runner = runner_path(self._family, self.tool, self.family_dir, self.refs)
         with tempfile.TemporaryDirectory(prefix="capsules-sanitize-") as work:
             work = Path(work)
-            lines, names = [], {}
+            lines, _names = [], {}
             for ident, (nbytes, contents) in self._buffers.items():
                 source = "-"
                 if contents is not None:

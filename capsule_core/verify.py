@@ -160,7 +160,7 @@ LEFT_FOLD = Exact("a fixed-left reduction is bitwise the float32 left fold")
 def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
     """The op's own code in float32 on the case's inputs, forward and VJP (the gradients keyed
     like case.r_grads): what numerics.out_of_model judges each element by."""
-    from .backends.cpu import REFERENCE
+    from .cpu_providers import REFERENCE
     params = working_params(case.params, np.float32)
 
     def evaluate(function):
@@ -246,7 +246,7 @@ class _Run:
         return out
 
     def prepare(self, sample: Sample) -> _Case:
-        from .backends.cpu import REFERENCE
+        from .cpu_providers import REFERENCE
         spec = self.spec
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         r = REFERENCE.forward(spec, arrays, **sample.params)
@@ -520,7 +520,7 @@ class _Run:
             other = run({**params, "seed": (params["seed"] + 1) % 2**64})
         except Exception as exc:
             return Result("rng", Status.ERROR, f"{type(exc).__name__}: {exc}")
-        from .backends.cpu import REFERENCE
+        from .cpu_providers import REFERENCE
         ref = REFERENCE.forward(self.spec, {}, **params).astype(np.float32)
         problems = []
         if not _same_bits(a, b):

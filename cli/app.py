@@ -11,9 +11,21 @@ import typer
 from capsule_core import __version__
 from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
 from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
+from cli.bench_command import bench
+from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar, write_reports
+from cli.fuzz_command import fuzz
 from cli.options import ArchOption, BackendOption, optional_option_values, unwritable_outputs
-from cli.parallel_options import (DevicesOption, IsolateOption, JobsOption, LaunchTimeoutOption, RayOption, collect,
-                                  launch_timeout_option, spread)
+from cli.parallel_options import (
+    DevicesOption,
+    IsolateOption,
+    JobsOption,
+    LaunchTimeoutOption,
+    RayOption,
+    collect,
+    launch_timeout_option,
+    spread,
+)
+from cli.plan_command import plan
 from cli.stop_signals import signal_name, stop_signals
 
 app = typer.Typer(
@@ -26,9 +38,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-EXIT_OK, EXIT_VIOLATION, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
-
-
 class Format(str, Enum):
     table = "table"
     json = "json"
@@ -39,12 +48,6 @@ class Format(str, Enum):
 class ShowFormat(str, Enum):
     text = "text"
     json = "json"
-
-
-def fail(message: str, code: int) -> typer.Exit:
-    """Write `message` to stderr and return the Exit to raise (so callers read `raise fail(...)`)."""
-    typer.echo(f"capsules: error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _version(value: bool):
@@ -210,35 +213,6 @@ def check(
     raise typer.Exit(result.exit_code)
 
 
-def _progress():
-    """A progress bar on a terminal, nothing in CI (stderr not a tty, or CAPSULES_PROGRESS=0)."""
-    import contextlib
-    import sys
-    if os.environ.get("CAPSULES_PROGRESS", "1") == "0" or not sys.stderr.isatty():
-        return contextlib.nullcontext(None)
-    from rich.progress import Progress
-    from rich.console import Console
-    return Progress(console=Console(stderr=True), transient=True)
-
-
-def write_reports(json_file, junit_file, record, junit) -> None:
-    """The --json (record() as JSON) and --junit (junit()) reports, both or neither, written
-    atomically; exit 3 if that fails."""
-    import json
-
-    from capsule_core.output_files import write_texts_atomic
-
-    texts = {}
-    if json_file is not None:
-        texts[json_file] = json.dumps(record(), indent=2) + "\n"
-    if junit_file is not None:
-        texts[junit_file] = junit() + "\n"
-    try:
-        write_texts_atomic(texts)
-    except OSError as exc:
-        raise fail(f"cannot write the reports ({exc.filename}: {exc.strerror})", EXIT_ENVIRONMENT)
-
-
 @app.command()
 def verify(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
@@ -333,7 +307,7 @@ def verify(
     start = clock.perf_counter()
     with stop_signals():
         try:
-            with _progress() as progress:
+            with progress_bar() as progress:
                 task = progress.add_task("verify", total=len(capsules)) if progress else None
                 if where is not None:
                     collect(parallel.verify(capsules, where, fresh=bool(isolate), quick=quick, seed=seed,
@@ -391,13 +365,8 @@ def doctor():
                         headers=("command", "can run", "why not"), tablefmt="simple"))
 
 
-from cli.bench_command import bench  # noqa: E402
 app.command()(bench)
-
-from cli.fuzz_command import fuzz  # noqa: E402
 app.command()(fuzz)
-
-from cli.plan_command import plan  # noqa: E402
 app.command()(plan)
 
 

@@ -11,6 +11,7 @@ import typer
 
 from cli.options import unwritable_outputs
 
+
 class BenchBackend(str, Enum):
     cuda = "cuda"
     emu = "emu"
@@ -70,8 +71,8 @@ def bench(
     """
     import importlib.util
 
-    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, _progress, fail
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
+    from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar
 
     chosen_suite, capsules = None, []
     if suite is not None:
@@ -145,7 +146,7 @@ def bench(
         raise fail(str(exc), EXIT_ENVIRONMENT)
     settings = engine.Settings(chosen_size, cold, rule, libraries, seed)
 
-    with _progress() as bar:
+    with progress_bar() as bar:
         task = bar.add_task("bench", total=len(chosen_suite.cases if chosen_suite else capsules)) if bar else None
 
         def progress(done: int, total: int, label: str):
@@ -167,7 +168,7 @@ def _write_outputs(result, json_file: Path | None, csv_file: Path | None, plot: 
     """--json, --csv and --plot, each written atomically; exit 3 if one cannot be."""
     from capsule_core import __version__, report
     from capsule_core.output_files import atomic_path, write_texts_atomic
-    from cli.app import EXIT_ENVIRONMENT, fail
+    from cli.common import EXIT_ENVIRONMENT, fail
 
     texts = {}
     if json_file is not None:

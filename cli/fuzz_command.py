@@ -9,8 +9,16 @@ from typing import Annotated, Optional
 import typer
 
 from cli.options import BackendOption, unwritable_outputs
-from cli.parallel_options import (DevicesOption, IsolateOption, JobsOption, LaunchTimeoutOption, RayOption, collect,
-                                  launch_timeout_option, spread)
+from cli.parallel_options import (
+    DevicesOption,
+    IsolateOption,
+    JobsOption,
+    LaunchTimeoutOption,
+    RayOption,
+    collect,
+    launch_timeout_option,
+    spread,
+)
 from cli.stop_signals import signal_name, stop_signals
 
 DEFAULT_EXAMPLES = 100
@@ -61,7 +69,7 @@ def fuzz(
 
     from capsule_core import native_cuda, registry, report
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
-    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
+    from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
 
     if replay is not None and (names or all_):
         raise fail("--replay: reruns the capsule its file names; give no NAME or --all with it", EXIT_USAGE)
@@ -148,9 +156,9 @@ def _search(capsules, chosen, where, result, database, time_budget, max_examples
     worker is replaced, the run goes on), or here one after another."""
     from capsule_core import fuzz as engine
     from capsule_core import parallel
-    from cli.app import _progress
+    from cli.common import progress_bar
 
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("fuzz", total=len(capsules)) if progress else None
         if where is not None:
             collect(parallel.fuzz(capsules, where, time_budget=time_budget, max_examples=max_examples, seed=run_seed,

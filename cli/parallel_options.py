@@ -28,7 +28,7 @@ RayOption = Annotated[Optional[str], typer.Option(
 
 def launch_timeout_option(seconds: Optional[float]) -> Optional[float]:
     """--launch-timeout checked (a finite number of seconds, 0 for none); exit 2 naming the rule."""
-    from cli.app import EXIT_USAGE, fail
+    from cli.common import EXIT_USAGE, fail
     if seconds is not None and not 0 <= seconds < float("inf"):
         raise fail(f"--launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {seconds:g}", EXIT_USAGE)
     return seconds
@@ -41,7 +41,7 @@ def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optio
     process unless --no-isolate. A usage error exits 2, a missing Ray or GPU 3."""
     from capsule_core import parallel
     from capsule_core.errors import EnvironmentMissing
-    from cli.app import EXIT_ENVIRONMENT, EXIT_USAGE, fail
+    from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail
 
     try:
         if isolate is False and (jobs is not None or ray is not None):

@@ -45,9 +45,9 @@ def plan(
     """
     import json
 
-    from cli.app import EXIT_USAGE, EXIT_VIOLATION, fail
     from capsule_core import __version__, explain, plan_report
     from capsule_core.errors import InputError, UnknownNameError
+    from cli.common import EXIT_USAGE, EXIT_VIOLATION, fail
 
     try:
         _, spec = explain.resolve_op(op)

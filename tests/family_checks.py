@@ -27,8 +27,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from capsule_core import registry
-from capsule_core.backends.cpu import REFERENCE
 from capsule_core.check import budget_problems, expected_ptx_type, family_budget
+from capsule_core.cpu_providers import REFERENCE
 from capsule_core.kernels import ARCHES, REGISTERS_PER_SM, CompiledFile, CompileError, compile_all, cuda_source_dir
 from capsule_core.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
 from capsule_core.numerics import compare

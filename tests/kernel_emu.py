@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core import registry
-from capsule_core.c_types import BUFFER_DTYPES
 from capsule_core.backends.emu import EmuBackend, KernelFault, find_host_compiler
+from capsule_core.c_types import BUFFER_DTYPES
 from capsule_core.errors import EnvironmentMissing
 from capsule_core.execution import SENTINEL, GuardedOutput
 from capsule_core.launch import Launch, LaunchPlan

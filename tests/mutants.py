@@ -47,8 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
+from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.errors import InputError
-from capsule_core.execution import GUARD_ELEMENTS, NumpyBackend, Run
+from capsule_core.execution import GUARD_ELEMENTS, Run
 from capsule_core.kernels import cuda_source_dir
 from capsule_core.ops import conv_pool as cp
 from capsule_core.ops import get_spec

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from capsule_core import baselines, bench, bench_suites, report
-from capsule_core.bench_suites import REFERENCE, SUITES, SuiteCase, Suite
+from capsule_core.bench_suites import REFERENCE, SUITES, Suite, SuiteCase
 from capsule_core.launch import plan_functions, plan_problems
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import check_input_names, normalize_params, shapes_of
@@ -134,7 +134,7 @@ class GradLibrary(ToyLibrary):
         self.error = error
 
     def backward_call(self, twin, arrays, params, cotangent, names):
-        from capsule_core.backends.cpu import NUMPY_F32
+        from capsule_core.cpu_providers import NUMPY_F32
 
         def call():
             grads = NUMPY_F32.vjp("layer_norm", arrays, cotangent, **params)
@@ -287,7 +287,7 @@ def test_the_help_names_every_suite():
 # -- the cuda path against test_bench's simulated driver ---------------------------------------------
 
 
-def test_cuda_backward_cases_launch_the_backward_plans(fake_cuda):
+def test_cuda_backward_cases_launch_the_backward_plans(fake_cuda):  # noqa: F811 (the fixture imported above)
     drv, backend = fake_cuda
     device = bench.device_for(backend)
     assert device.suite_limit is None

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mutants import LEGIT, MUTANTS
 from typer.testing import CliRunner
 
 from capsule_core import fuzz as engine
 from capsule_core import registry
+from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.errors import ShapeError
-from capsule_core.execution import NumpyBackend, Run
+from capsule_core.execution import Run
 from cli.app import app
-from mutants import LEGIT, MUTANTS
 
 runner = CliRunner()
 BY_ID = {m.id: m for m in MUTANTS}

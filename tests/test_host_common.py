@@ -5,9 +5,9 @@ import ctypes
 
 import numpy as np
 import pytest
+from hostmath import f32_ptr, load
 
 from capsule_core.ops.random import uniform_bits, uniform_values
-from hostmath import f32_ptr, load
 
 
 @pytest.fixture(scope="module")

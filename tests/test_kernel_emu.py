@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from family_checks import with_launch
+from kernel_emu import HostReplay, emulator
 
 from capsule_core.backends.emu import EMULATOR_HEADER, HOST_FLAGS, LINKER_SCRIPT, find_host_compiler
 from capsule_core.errors import EnvironmentMissing
 from capsule_core.kernels import cuda_source_dir
 from capsule_core.launch import Buffer, Launch, LaunchPlan
-from family_checks import with_launch
-from kernel_emu import HostReplay, emulator
 
 SOURCE = r'''
 #include <cstdint>

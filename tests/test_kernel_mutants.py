@@ -16,12 +16,22 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from mutants import (
+    BAD,
+    DYNAMIC_CHECKS,
+    KERNEL_MUTANTS,
+    KERNEL_REPRESENTATIVES,
+    KernelMutant,
+    StaleMutant,
+    emu_baseline,
+    mutated_sources,
+    prebuild,
+    run_kernel_mutant,
+)
 
 from capsule_core import kernels
 from capsule_core.backends import emu
 from capsule_core.ops import FAMILIES, all_specs
-from mutants import (BAD, DYNAMIC_CHECKS, KERNEL_MUTANTS, KERNEL_REPRESENTATIVES, KernelMutant, StaleMutant,
-                     emu_baseline, mutated_sources, prebuild, run_kernel_mutant)
 
 pytestmark = pytest.mark.skipif(emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
                                 reason="no C++ compiler (g++ or clang++) for the emulator")

@@ -10,15 +10,28 @@ import itertools
 
 import numpy as np
 import pytest
+from family_checks import (
+    SHARED_PER_BLOCK,
+    build_problems,
+    cases,
+    compared,
+    compiled,
+    cotangent,
+    emulate,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    same_bits,
+    signature_problems,
+    symbols,
+)
+from hostmath import F32P, I64P, declare, load
+from kernel_emu import emulator
 
 from capsule_core.kernels import ARCHES, cuda_source_dir
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, numel, seeded_rng, validate
 from capsule_core.plans import conv_pool as plans
-from family_checks import (SHARED_PER_BLOCK, build_problems, cases, compared, compiled, cotangent, emulate,
-                           family_ops, missed_faults, plan_case_problems, same_bits, signature_problems, symbols)
-from hostmath import F32P, I64P, declare, load
-from kernel_emu import emulator
 
 FAMILY = "conv_pool"
 OPS = ("conv", "conv_transpose", "max_pool", "smooth_max_pool", "avg_pool")

@@ -11,16 +11,30 @@ import dataclasses
 
 import numpy as np
 import pytest
+from family_checks import (
+    bits,
+    build_problems,
+    cases,
+    emulated_paths,
+    emulated_problems,
+    family_ops,
+    float32_off_16_in,
+    gradients,
+    missed_faults,
+    plan_case_problems,
+    plan_inputs,
+    same_bits,
+    signature_problems,
+    symbols,
+    with_launch,
+)
+from hostmath import declare, i64, load
+from kernel_emu import emulator as family_emulator
 
 from capsule_core.kernels import ARCHES
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import index as plans
-from family_checks import (bits, build_problems, cases, emulated_paths, emulated_problems, family_ops,
-                           float32_off_16_in, gradients, missed_faults, plan_case_problems, plan_inputs, same_bits,
-                           signature_problems, symbols, with_launch)
-from hostmath import declare, i64, load
-from kernel_emu import emulator as family_emulator
 
 FAMILY = "index"
 OPS = ("gather", "scatter_add")
@@ -123,7 +137,8 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     are 4 bytes off alignment."""
     rng = seeded_rng("index", "vectors")
     index = np.array([5, 0, 0, 3, 2])
-    x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    def x(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
     cases = [("gather", {"x": x(6, 8), "index": index}, "capsule_gather_fwd"),
              ("scatter_add", {"base": x(6, 8), "index": index, "src": x(5, 8)}, "capsule_scatter_add_bwd")]
     for op, inputs, gather in cases:

@@ -12,6 +12,22 @@ import re
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    compared,
+    compiled,
+    emulate,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    same_bits,
+    signature_problems,
+    symbols,
+    with_launch,
+)
+from hostmath import declare, f32_ptr, load
+from kernel_emu import emulator
 
 from capsule_core.kernels import ARCHES, cuda_source_dir
 from capsule_core.launch import STATIC_SHARED_LIMIT, Buffer, LaunchPlan
@@ -19,10 +35,6 @@ from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import linalg as plans
-from family_checks import (build_problems, cases, compared, compiled, emulate, family_ops, missed_faults,
-                           plan_case_problems, same_bits, signature_problems, symbols, with_launch)
-from hostmath import declare, f32_ptr, load
-from kernel_emu import emulator
 
 FAMILY = "linalg"
 OPS = ("matmul", "linear", "mse_loss")
@@ -30,6 +42,10 @@ SOURCE = cuda_source_dir() / "linalg.cu"
 ALL_SYMBOLS = symbols(*OPS)
 GEMM_SYMBOLS = plans.GEMM_SYMBOLS
 THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def force_gemm(monkeypatch, threads: int, splits: int = 1):
@@ -196,7 +212,7 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
     def naive(at, bt, x, y, mm, nn, kk):
         """The chains of the split ranges of k, added in order."""
         _, s = plans.gemm_config(len(x), mm, nn, kk)
-        per = max(1, -(-(-(-kk // plans.SPLIT_STEP)) // s) * plans.SPLIT_STEP)
+        per = max(1, ceil_div(ceil_div(kk, plans.SPLIT_STEP), s) * plans.SPLIT_STEP)
         total = None
         for k0 in range(0, max(kk, 1), per):
             k1 = min(kk, k0 + per)
@@ -253,13 +269,13 @@ def test_gemv_meets_the_contract_for_any_layout(emu, rows, width, out):
     rng = seeded_rng("linear", f"gemv/{rows}/{width}/{out}")
     inputs = linear_inputs(rng, rows, width, out)
     plan = plans.linear_forward(inputs, {})
-    assert [l.symbol for l in plan.launches] == [plans.gemv_tile(rows)[3]]
+    assert [launch.symbol for launch in plan.launches] == [plans.gemv_tile(rows)[3]]
     x64, w64 = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
     reference = x64 @ w64.T + inputs["b"]
     magnitude = np.abs(x64) @ np.abs(w64).T + np.abs(inputs["b"].astype(np.float64))
     results = {}
     for misalign in (0, 1):
-        y = emu.run(plan, inputs, lambda b: misalign)["out"]
+        y = emu.run(plan, inputs, lambda b, shift=misalign: shift)["out"]
         result = compare(y, reference, magnitude, get_spec("linear").error, width + 1, True)
         assert result.passed, result.reason
         results[misalign] = y
@@ -314,10 +330,10 @@ def test_split_sums_in_split_order_on_both_paths(lib, emu):
     for rows, width, out in [(40, 2048, 36), (33, 4000, 5)]:
         inputs = linear_inputs(rng, rows, width, out)
         plan = plans.linear_forward(inputs, {})
-        assert [l.symbol for l in plan.launches] == ["capsule_linear_fwd", "capsule_linear_fwd_ksum"]
+        assert [launch.symbol for launch in plan.launches] == ["capsule_linear_fwd", "capsule_linear_fwd_ksum"]
         splits = plan.launches[0].args[-1]
         assert splits > 1 and plan.buffer("partial").elements == splits * rows * out
-        per = -(-(-(-width // plans.SPLIT_STEP)) // splits) * plans.SPLIT_STEP
+        per = ceil_div(ceil_div(width, plans.SPLIT_STEP), splits) * plans.SPLIT_STEP
         expected = None
         for k0 in range(0, width, per):
             xs = np.ascontiguousarray(inputs["x"][None, :, k0:k0 + per])
@@ -327,7 +343,7 @@ def test_split_sums_in_split_order_on_both_paths(lib, emu):
             expected = part[0] if expected is None else expected + part[0]
         expected = expected + inputs["b"]
         for misalign in (0, 1):
-            assert same_bits(emu.run(plan, inputs, lambda b: misalign * (b.role != "workspace"))["out"], expected)
+            assert same_bits(emu.run(plan, inputs, lambda b, shift=misalign: shift * (b.role != "workspace"))["out"], expected)
 
 
 @pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (1, 9), (9, 1), (8, 8), (17, 5), (23, 31), (8, 1), (16, 3)])
@@ -472,7 +488,7 @@ def test_large_sample_launch_configurations(key):
     arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
     forward, backward = plans.PLANS[op]
     launches = forward(arrays, p).launches + backward(arrays, p).launches
-    assert [(l.symbol, l.grid[0], l.block[0]) for l in launches] == LARGE_LAUNCHES[key]
+    assert [(launch.symbol, launch.grid[0], launch.block[0]) for launch in launches] == LARGE_LAUNCHES[key]
 
 
 SKINNY = [
@@ -497,10 +513,10 @@ def test_skinny_gemms_fill_the_device(op, shapes, direction):
         arrays["b"] = np.zeros(shapes["w"][0], np.float32)
     forward, backward = plans.PLANS[op]
     plan = (forward if direction == "forward" else backward)(arrays, {})
-    heavy = [l for l in plan.launches if l.symbol in GEMM_SYMBOLS + plans.GEMV_SYMBOLS]
-    assert heavy and all(l.grid[0] >= plans.MULTIPROCESSORS for l in heavy), [(l.symbol, l.grid) for l in heavy]
+    heavy = [launch for launch in plan.launches if launch.symbol in GEMM_SYMBOLS + plans.GEMV_SYMBOLS]
+    assert heavy and all(launch.grid[0] >= plans.MULTIPROCESSORS for launch in heavy), [(launch.symbol, launch.grid) for launch in heavy]
     if op == "linear" and direction == "forward" and shapes["x"][0] <= plans.GEMV_ROWS:
-        assert [l.symbol for l in plan.launches] == [plans.gemv_tile(shapes["x"][0])[3]]
+        assert [launch.symbol for launch in plan.launches] == [plans.gemv_tile(shapes["x"][0])[3]]
 
 
 def test_planted_launch_faults_are_caught():

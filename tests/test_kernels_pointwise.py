@@ -6,15 +6,23 @@ import dataclasses
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    check_host_model,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    signature_problems,
+    symbols,
+)
+from hostmath import declare_kernels, f32_ptr, load
 
 from capsule_core.kernels import ARCHES
 from capsule_core.launch import parse_param
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import SPECIAL_VALUES, seeded_rng, validate
 from capsule_core.plans.pointwise import BLOCK, PLANS, VECTOR
-from family_checks import (build_problems, cases, check_host_model, family_ops, missed_faults, plan_case_problems,
-                           signature_problems, symbols)
-from hostmath import declare_kernels, f32_ptr, load
 
 FAMILY = "pointwise"
 OPS = ("relu", "gelu", "add", "sub", "mul", "scale", "abs", "sqrt", "clamp", "max", "min", "sigmoid",
@@ -138,8 +146,10 @@ def bits(a):
 def test_host_conventions_spelled_out(lib):
     """The spec's NaN / -0 / kink conventions, value by value."""
     nan, inf = np.nan, np.inf
-    fwd = lambda op, *arrays, **p: host_forward(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p)
-    vjp = lambda op, *arrays, g, **p: host_vjp(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p, g)
+    def fwd(op, *arrays, **p):
+        return host_forward(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p)
+    def vjp(op, *arrays, g, **p):
+        return host_vjp(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p, g)
     assert bits(fwd("relu", f32(nan, -0.0, 0.0, -2.0, 3.0))) == bits(f32(0, 0, 0, 0, 3))
     assert bits(vjp("relu", f32(0.0, -0.0, 1e-45, nan), g=f32(5, 5, 5, 5))["x"]) == bits(f32(0, 0, 5, 0))
     assert bits(vjp("abs", f32(0.0, -0.0, nan, -2.0, 2.0), g=f32(3, 3, 3, 3, 3))["x"]) == bits(f32(0, 0, 0, -3, 3))

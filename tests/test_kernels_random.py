@@ -6,6 +6,18 @@ import ctypes
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    signature_problems,
+    symbols,
+)
+from hostmath import f32_ptr, load
+from kernel_emu import emulator as family_emulator
+from kernel_emu import unwritten
 
 from capsule_core import reference, registry
 from capsule_core.kernels import ARCHES
@@ -13,11 +25,6 @@ from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, validate
 from capsule_core.ops.random import uniform_values
 from capsule_core.plans import random as plans
-from family_checks import (build_problems, cases, family_ops, missed_faults, plan_case_problems, signature_problems,
-                           symbols)
-from hostmath import f32_ptr, load
-from kernel_emu import emulator as family_emulator
-from kernel_emu import unwritten
 
 FAMILY = "random"
 OPS = ("rand_uniform", "bernoulli_mask")

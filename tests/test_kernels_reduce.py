@@ -6,15 +6,23 @@ import ctypes
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    emulated_problems,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    signature_problems,
+    symbols,
+)
+from hostmath import f32_ptr, load
+from kernel_emu import emulator as family_emulator
 
 from capsule_core import reference
 from capsule_core.kernels import ARCHES
 from capsule_core.ops.base import Sample
 from capsule_core.plans import reduce as plans
-from family_checks import (build_problems, cases, emulated_problems, family_ops, missed_faults,
-                           plan_case_problems, signature_problems, symbols)
-from hostmath import f32_ptr, load
-from kernel_emu import emulator as family_emulator
 
 FAMILY = "reduce"
 OPS = ("reduce_sum", "reduce_mean")

@@ -11,15 +11,27 @@ import re
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    case_plans,
+    cases,
+    compared,
+    cotangent,
+    emulate,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    same_bits,
+    signature_problems,
+    symbols,
+)
+from hostmath import F32P, I64P, declare, f32, load, ptr
+from kernel_emu import emulator as family_emulator
 
 from capsule_core.kernels import ARCHES, cuda_source_dir
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng, validate
 from capsule_core.plans import scan as plans
-from family_checks import (build_problems, case_plans, cases, compared, cotangent, emulate, family_ops, missed_faults,
-                           plan_case_problems, same_bits, signature_problems, symbols)
-from hostmath import F32P, I64P, declare, f32, load, ptr
-from kernel_emu import emulator as family_emulator
 
 FAMILY = "scan"
 OP = "selective_scan"

@@ -6,17 +6,27 @@ import ctypes
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    check_host_model,
+    compared,
+    emulated_problems,
+    family_ops,
+    missed_faults,
+    plan_case_problems,
+    signature_problems,
+    symbols,
+)
+from hostmath import f32_ptr, load
+from kernel_emu import emulator as family_emulator
 
 from capsule_core import reference
 from capsule_core.kernels import ARCHES
-from capsule_core.ops import get_spec
 from capsule_core.launch import Launch, LaunchPlan
+from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng
 from capsule_core.plans import softmax as plans
-from family_checks import (build_problems, cases, check_host_model, compared, emulated_problems, family_ops,
-                           missed_faults, plan_case_problems, signature_problems, symbols)
-from hostmath import f32_ptr, load
-from kernel_emu import emulator as family_emulator
 
 FAMILY = "softmax"
 OPS = ("log_softmax", "softmax", "hard_masked_softmax")

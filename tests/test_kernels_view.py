@@ -11,6 +11,26 @@ import itertools
 
 import numpy as np
 import pytest
+from family_checks import (
+    build_problems,
+    cases,
+    emulated_paths,
+    emulated_problems,
+    family_ops,
+    family_symbols,
+    float32_off_16_in,
+    gradients,
+    missed_faults,
+    plan_case_problems,
+    plan_cases,
+    plan_inputs,
+    same_bits,
+    signature_problems,
+    symbols,
+    with_launch,
+)
+from hostmath import declare, i64, load
+from kernel_emu import emulator as family_emulator
 
 from capsule_core import registry
 from capsule_core.kernels import ARCHES
@@ -18,11 +38,6 @@ from capsule_core.launch import Buffer, plan_functions, plan_problems
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 from capsule_core.plans import view as plans
-from family_checks import (build_problems, cases, emulated_paths, emulated_problems, family_ops, family_symbols,
-                           float32_off_16_in, gradients, missed_faults, plan_case_problems, plan_cases, plan_inputs,
-                           same_bits, signature_problems, symbols, with_launch)
-from hostmath import declare, i64, load
-from kernel_emu import emulator as family_emulator
 
 FAMILY = "view"
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")
@@ -151,7 +166,8 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     """Each 16-byte path, taken on aligned buffers, moves words when the float32 buffers (all of
     them, the inputs only, the outputs only) are 4 bytes off alignment."""
     rng = seeded_rng("view", "vectors")
-    x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    def x(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
     cases = [("permute", {"x": x(4, 8, 8)}, {"perm": (1, 0, 2)}, [COPY4, COPY4]),
              ("broadcast", {"x": x(3, 1, 8)}, {"shape": (3, 4, 8)}, [COPY4, 0]),
              ("broadcast", {"x": x(5, 1)}, {"shape": (3, 5, 8)}, [FILL4, 1]),
@@ -170,7 +186,8 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
 def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
     """Rows of a multiple of 4 elements whose starts are not (inner = 2, odd offsets): no vector move."""
     rng = seeded_rng("view", "odd-starts")
-    x = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    def x(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
     cases = [("concat", {"xs": (x(3, 1, 2), x(3, 2, 2), x(3, 1, 2))}, {"axis": 1}),
              ("concat", {"xs": (x(2, 2), x(2, 4), x(2, 2))}, {"axis": 1}),
              ("slice", {"x": x(3, 8, 2)}, {"axis": 1, "start": 1, "length": 2}),

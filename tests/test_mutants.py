@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from mutants import BAD, DYNAMIC_CHECKS, LEGIT, MUTANTS, baseline, run_mutant, table, verify_statuses
 
 from capsule_core.checks import CHECKS
 from capsule_core.ops import FAMILIES, all_specs
-from mutants import BAD, DYNAMIC_CHECKS, LEGIT, MUTANTS, baseline, run_mutant, table, verify_statuses
 
 MIN_SCORE = 0.95
 TIME_BUDGET_S = 60.0

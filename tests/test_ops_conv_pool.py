@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from capsule_core import reference
-from capsule_core.backends.cpu import NUMPY_F32, REFERENCE
+from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import shapes_of, validate
@@ -234,7 +234,7 @@ def test_smooth_max_pool_gradient_drops_the_padding_share():
     y = reference.forward("smooth_max_pool", {"x": x}, **params)
     dx = reference.vjp("smooth_max_pool", {"x": x}, np.ones_like(y), **params)["x"]
     expected_total = 0.0
-    for index, cells in _windows_by_loop(x, **params).items():
+    for _index, cells in _windows_by_loop(x, **params).items():
         v = np.array([value for _, value in cells], np.float64)
         weights = np.exp(1.5 * v - logsumexp(1.5 * v))
         expected_total += sum(w for (i, _), w in zip(cells, weights) if i is not None)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from capsule_core import reference
-from capsule_core.backends.cpu import NUMPY_F32, REFERENCE
+from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 

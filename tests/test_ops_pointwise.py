@@ -5,7 +5,7 @@ float32 implementations other than numpy's pass, planted bugs do not)."""
 import numpy as np
 import pytest
 
-from capsule_core.backends.cpu import NUMPY_F32, REFERENCE
+from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.errors import ParamError
 from capsule_core.numerics import compare
 from capsule_core.ops import get_spec

@@ -122,7 +122,7 @@ def test_mode_count_limit_is_g_over_two_plus_one(grid, modes, ok):
 
 
 def test_numpy_provider_returns_float32():
-    from capsule_core.backends.cpu import NUMPY_F32
+    from capsule_core.cpu_providers import NUMPY_F32
     inputs = {k: v.astype(np.float32) for k, v in _inputs(SHAPES[2]).items()}
     y = NUMPY_F32.forward("fft_fno", inputs)
     assert y.dtype == np.float32

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from mutants import MUTANTS
 from typer.testing import CliRunner
 
 from capsule_core import parallel, registry
 from capsule_core.errors import EnvironmentMissing
 from cli.app import app
-from mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

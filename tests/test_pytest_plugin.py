@@ -46,7 +46,7 @@ def test_passed_passes_and_skipped_skips_with_its_reason(pytester):
 
 def _negated_relu(monkeypatch):
     """A planted bug: the numpy provider's relu comes out negated."""
-    from capsule_core.backends.cpu import NUMPY_F32
+    from capsule_core.cpu_providers import NUMPY_F32
     honest = NUMPY_F32.forward
 
     def forward(op, inputs, **params):

@@ -13,17 +13,17 @@ import dataclasses
 
 import numpy as np
 import pytest
+from mutants import MutantBackend, forward_is
 
 from capsule_core import native_cuda, registry, report
 from capsule_core import verify as engine
-from capsule_core.execution import NumpyBackend
+from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.model import NumericalPolicy, ReductionPolicy
 from capsule_core.numerics import Float32Run, compare, out_of_model
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import ORDER_LENGTH, Sample, order_terms
 from capsule_core.ops.conv_pool import WINDOW_ORDER_LENGTH
 from capsule_core.verify import Status, VerifyReport, verify_capsule
-from mutants import MutantBackend, forward_is
 
 ORDER = ("reduction.order",)
 
@@ -187,7 +187,7 @@ OVERFLOWING_ROW = Sample({"x": np.float32([[3e38, 1.0, 2.0, 3.0], [0.5, -1.0, 2.
 
 
 def test_out_of_model_marks_the_overflowing_sum_only():
-    from capsule_core.backends.cpu import NUMPY_F32, REFERENCE
+    from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
     spec = get_spec("reduce_sum")
     x = OVERFLOWING_SUM.inputs["x"]
     r, m = REFERENCE.forward(spec, {"x": x}, axis=1), REFERENCE.magnitude(spec, {"x": x}, axis=1)

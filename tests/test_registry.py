@@ -10,10 +10,26 @@ import pytest
 from capsule_core import native_cuda, reference, registry
 from capsule_core.checks import CHECKS
 from capsule_core.errors import RegistryError, UnknownNameError
-from capsule_core.model import (AssurancePolicy, BackendOp, ContractClaim, ContractDescriptor, ContractEvidence,
-                                Device, EvidenceKind, KernelPolicy, PreferenceKind, Provider, ProviderPreference,
-                                ReductionPolicy, TrustLevel, VJPMode, admissible, choose, contracts_aligned,
-                                same_identity)
+from capsule_core.model import (
+    AssurancePolicy,
+    BackendOp,
+    ContractClaim,
+    ContractDescriptor,
+    ContractEvidence,
+    Device,
+    EvidenceKind,
+    KernelPolicy,
+    PreferenceKind,
+    Provider,
+    ProviderPreference,
+    ReductionPolicy,
+    TrustLevel,
+    VJPMode,
+    admissible,
+    choose,
+    contracts_aligned,
+    same_identity,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

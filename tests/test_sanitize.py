@@ -3,7 +3,6 @@ emulator, finds its own kind of bug and no other tool reports it as its finding;
 are clean. Runners are built for a small planted family (tests/sanitize/planted.cu) so the builds
 stay quick; the SGEMM test patches a copy of cuda/linalg.cu."""
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,6 @@ from typer.testing import CliRunner
 
 from capsule_core import sanitize
 from capsule_core.c_types import C_TYPES
-from capsule_core.kernels import cuda_source_dir
 from capsule_core.model import NativeSymbolRef
 
 PLANTED = r'''
@@ -122,8 +120,9 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
     in a copy of cuda/): racecheck reports the shared-memory race between the copies of a k-tile
     and the multiply of the stage, at the emulator's cp.async wait (where the copies land) and the
     fragment loads. 40 x 40 x 40: three k-tiles, so the ring of stages turns over."""
-    from capsule_core.backends.emu import family_refs
     from mutants import KERNEL_MUTANTS, mutated_sources
+
+    from capsule_core.backends.emu import family_refs
     why = sanitize.unavailable("racecheck")
     if why:
         pytest.skip(why)

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from capsule_core import registry
 from capsule_core import verify as engine
-from capsule_core.execution import GUARD_ELEMENTS, GuardedOutput, NumpyBackend, Run, SENTINEL
+from capsule_core.backends.numpy_f32 import NumpyBackend
+from capsule_core.execution import GUARD_ELEMENTS, SENTINEL, GuardedOutput, Run
 from cli.app import app
 
 DYNAMIC = ("shape.guard", "value", "value.special", "vjp", "vjp.reference", "reduction.order", "determinism",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CapsuleError, EnvironmentMissing
 from ..c_types import BUFFER_DTYPES, C_TYPES, scalar_argument
+from ..errors import CapsuleError, EnvironmentMissing
 from .device import DeviceBackend
 
 

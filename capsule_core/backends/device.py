@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import activity
+from ..c_types import BUFFER_DTYPES, scalar_argument
 from ..errors import CapsuleError
 from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
-from ..c_types import BUFFER_DTYPES, scalar_argument
 from ..launch import flat_buffers, parse_param
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass

@@ -6,7 +6,8 @@ honest test of the tolerance models, and the CPU stand-in for the GPU in verify.
 
 from __future__ import annotations
 
-from .cpu import NUMPY_F32
+from ..cpu_providers import NUMPY_F32
+from ..execution import Run
 
 
 def forward(op: str, inputs: dict, **params):
@@ -15,3 +16,28 @@ def forward(op: str, inputs: dict, **params):
 
 def vjp(op: str, inputs: dict, cotangent, **params) -> dict:
     return NUMPY_F32.vjp(op, inputs, cotangent, **params)
+
+
+class NumpyBackend:
+    """The numpy float32 provider behind the Backend interface: the CPU stand-in for the GPU."""
+
+    name = "numpy"
+    description = "numpy float32 provider (CPU)"
+
+    def __init__(self, provider=None):
+        self.provider = provider or NUMPY_F32
+
+    def forward(self, spec, inputs, params, out):
+        y = self.provider.forward(spec, inputs, **params)
+        out.view[...] = y
+        return Run(inputs, 1)
+
+    def backward(self, spec, inputs, params, g, grads):
+        result = self.provider.vjp(spec, inputs, g, **params)
+        for name, target in grads.items():
+            if isinstance(target, tuple):
+                for t, r in zip(target, result[name]):
+                    t.view[...] = r
+            else:
+                target.view[...] = result[name]
+        return Run(inputs, 1)

@@ -13,7 +13,7 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
     explicit `cuda` or `emu` that this machine cannot run. `emulate` False: auto never picks the
     emulator (bench: an emulator's time is no kernel timing). `launch_timeout`: the emulator's
     watchdog in seconds (None: CAPSULES_LAUNCH_TIMEOUT or its default)."""
-    from ..execution import NumpyBackend
+    from .numpy_f32 import NumpyBackend
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
     if name == "numpy":

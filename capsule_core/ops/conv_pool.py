@@ -18,8 +18,23 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import ParamError, ShapeError
-from .base import (ORDER_LENGTH, SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, numel, order_terms, require_rank, seeded_rng)
+from .base import (
+    ORDER_LENGTH,
+    SPECIAL_VALUES,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    Exact,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    seeded_rng,
+)
 
 STRIDE = Param("stride", "per_axis", default=1, doc="step between windows, >= 1 (int: every axis)")
 PADDING = Param("padding", "per_axis", default=0, doc="zeros added on both sides, >= 0 (int: every axis)")

@@ -11,8 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import IndexRangeError, ParamError, ShapeError
-from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, normalize_axis, numel, order_terms, require_rank, seeded_rng)
+from .base import (
+    SPECIAL_VALUES,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    Exact,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    normalize_axis,
+    numel,
+    order_terms,
+    require_rank,
+    seeded_rng,
+)
 
 COPY = Exact("a copy: values move, nothing is computed")
 INDEX = Tensor("index", "(K,)", dtype="int64", differentiable=False)

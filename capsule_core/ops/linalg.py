@@ -10,8 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms,
-                   require_rank, require_same_shape, seeded_rng)
+from .base import (
+    Accumulation,
+    Cost,
+    ErrorCase,
+    OpSpec,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    require_same_shape,
+    seeded_rng,
+)
 
 NAN, INF = np.nan, np.inf
 

@@ -22,8 +22,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ParamError, ShapeError
-from .base import (TINY, Accumulation, Cost, ErrorCase, OpSpec, Param, Sample, Tensor, f32, numel,
-                   order_terms, require_rank, seeded_rng)
+from .base import (
+    TINY,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    seeded_rng,
+)
 
 EPS = Param("eps", "float", default=1e-6, doc="added to the variance; > 0 as float32")
 

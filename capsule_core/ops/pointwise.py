@@ -20,8 +20,21 @@ import math
 import numpy as np
 
 from ..errors import ParamError, ShapeError
-from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, numel, require_same_shape, seeded_rng)
+from .base import (
+    SPECIAL_VALUES,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    Exact,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    require_same_shape,
+    seeded_rng,
+)
 
 SIZES = {"small": ((7,), (3, 5)), "medium": ((64, 129),), "large": ((1024, 4099),)}
 """Sample shapes per size: odd and non-power-of-two, up to 4M elements."""

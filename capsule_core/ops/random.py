@@ -8,7 +8,6 @@ reuse this one generator.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..errors import ParamError

@@ -5,8 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ParamError, ShapeError
-from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, normalize_axis, numel, order_terms, seeded_rng)
+from .base import (
+    SPECIAL_VALUES,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    Exact,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    normalize_axis,
+    numel,
+    order_terms,
+    seeded_rng,
+)
 
 SIZES = {
     "small": (((7,), None), ((3, 5), 1), ((2, 3, 4), -3)),

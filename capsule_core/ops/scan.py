@@ -12,8 +12,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms, require_rank,
-                   seeded_rng)
+from .base import (
+    Accumulation,
+    Cost,
+    ErrorCase,
+    OpSpec,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    seeded_rng,
+)
 
 
 def _at(coefficient, t: int):

@@ -10,8 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms,
-                   require_rank, require_same_shape, seeded_rng)
+from .base import (
+    Accumulation,
+    Cost,
+    ErrorCase,
+    OpSpec,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    require_same_shape,
+    seeded_rng,
+)
 
 SIZES = {"small": ((7,), (3, 5), (2, 3, 4)), "medium": ((128, 129), (16, 1000)),
          "large": ((1024, 1000), (256, 4097))}

@@ -13,8 +13,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
-from .base import (Accumulation, Cost, ErrorCase, OpSpec, Sample, Tensor, f32, numel, order_terms, require_rank,
-                   seeded_rng)
+from .base import (
+    Accumulation,
+    Cost,
+    ErrorCase,
+    OpSpec,
+    Sample,
+    Tensor,
+    f32,
+    numel,
+    order_terms,
+    require_rank,
+    seeded_rng,
+)
 
 
 def _twiddles(grid: int, modes: int, dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -13,8 +13,22 @@ import math
 import numpy as np
 
 from ..errors import ParamError, ShapeError
-from .base import (SPECIAL_VALUES, Accumulation, Cost, ErrorCase, Exact, OpSpec, Param, Sample,
-                   Tensor, f32, normalize_axis, numel, require_rank, seeded_rng)
+from .base import (
+    SPECIAL_VALUES,
+    Accumulation,
+    Cost,
+    ErrorCase,
+    Exact,
+    OpSpec,
+    Param,
+    Sample,
+    Tensor,
+    f32,
+    normalize_axis,
+    numel,
+    require_rank,
+    seeded_rng,
+)
 
 COPY = Exact("a copy: values move, nothing is computed")
 MAX_PERMUTE_RANK = 8

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..ops import get_spec
-from ..ops.base import OpSpec, validate, working_params
+from .errors import ShapeError
+from .ops import get_spec
+from .ops.base import OpSpec, validate, working_params
 
 
 class CpuProvider:
