@@ -42,8 +42,9 @@ def main() -> int:
     worst = 0
     for argv in REFERENCE:
         print(f"$ capsules plan {' '.join(argv + extra)}", flush=True)
-        result = subprocess.run([sys.executable, "-m", "cli", "plan", *argv, *extra], cwd=ROOT,
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "cli", "plan", *argv, *extra], cwd=ROOT, capture_output=True, text=True
+        )
         print(result.stdout.rstrip("\n") + result.stderr.rstrip("\n") + "\n", flush=True)
         worst = max(worst, result.returncode)
     return worst

@@ -69,14 +69,18 @@ def main() -> int:
     commands = {"capsules --help": [*capsules, "--help"], "capsules list": [*capsules, "list"]}
     for argv in (BASELINE, *commands.values()):
         seconds(argv, env)
-    print(f"{' '.join(capsules)} ({install_kind()} install), {args.pairs} alternating pairs against "
-          f"`python -c 'import typer'`; median of the pair ratios:")
+    print(
+        f"{' '.join(capsules)} ({install_kind()} install), {args.pairs} alternating pairs against "
+        f"`python -c 'import typer'`; median of the pair ratios:"
+    )
     ratios = {}
     for name, argv in commands.items():
         base, timed = pair_ratios(argv, args.pairs, env)
         ratios[name] = statistics.median(t / b for t, b in zip(timed, base))
-        print(f"  {name:<16} {ratios[name]:5.2f}x   (medians {statistics.median(timed) * 1e3:6.1f} ms "
-              f"against {statistics.median(base) * 1e3:6.1f} ms)")
+        print(
+            f"  {name:<16} {ratios[name]:5.2f}x   (medians {statistics.median(timed) * 1e3:6.1f} ms "
+            f"against {statistics.median(base) * 1e3:6.1f} ms)"
+        )
     if args.max_ratio is not None and ratios["capsules list"] > args.max_ratio:
         print(f"capsules list: {ratios['capsules list']:.2f}x is over {args.max_ratio}x")
         return 1

@@ -42,7 +42,7 @@ class Activity:
         return cls(*parts[:4], started)
 
     def describe(self) -> str:
-        """"during case small-0 of check vjp, in launch 2/3 of the plan: capsule_x (grid ...)"."""
+        """ "during case small-0 of check vjp, in launch 2/3 of the plan: capsule_x (grid ...)"."""
         where = []
         if self.case:
             where.append(f"case {self.case}")
@@ -50,7 +50,9 @@ class Activity:
             where.append(f"check {self.check}")
         text = ("during " + " of ".join(where)) if where else ""
         if self.launch:
-            text += (", " if text else "") + (f"in launch {self.launch}" if self.started else f"after launch {self.launch}")
+            text += (", " if text else "") + (
+                f"in launch {self.launch}" if self.started else f"after launch {self.launch}"
+            )
         return text
 
 
@@ -66,7 +68,7 @@ def record_into(buffer) -> None:
 
 def _publish() -> None:
     if _sink is not None:
-        raw = current.encode()[:len(_sink) - 1]
+        raw = current.encode()[: len(_sink) - 1]
         _sink.value = raw
 
 

@@ -110,6 +110,7 @@ def _torch_conv(transposed: bool):
         rank = a["x"].ndim - 2
         name = f"conv_transpose{rank}d" if transposed else f"conv{rank}d"
         return getattr(_F(torch), name)(a["x"], a["w"], a["b"], stride=p["stride"], padding=p["padding"])
+
     return twin
 
 
@@ -121,6 +122,7 @@ def _torch_pool(kind: str):
         if kind == "avg":
             return fn(a["x"], p["kernel"], stride=stride, padding=p["padding"], count_include_pad=True)
         return fn(a["x"], p["kernel"], stride=stride, padding=p["padding"])
+
     return twin
 
 
@@ -150,6 +152,7 @@ def _scatter_add_xp(xp, a, p):
 
 def _scatter_add_cupy(cupy, a, p):
     import cupyx
+
     y = a["base"].copy()
     cupyx.scatter_add(y, _along(y.ndim, p["axis"], a["index"]), a["src"])
     return y
@@ -161,13 +164,19 @@ def _slice_xp(xp, a, p):
 
 
 def _unary(xp_fn: str, torch_fn: str, note: str = "") -> Twins:
-    return Twins(xp=lambda xp, a, p: getattr(xp, xp_fn)(a["x"]),
-                 torch=lambda torch, a, p: getattr(torch, torch_fn)(a["x"]), note=note)
+    return Twins(
+        xp=lambda xp, a, p: getattr(xp, xp_fn)(a["x"]),
+        torch=lambda torch, a, p: getattr(torch, torch_fn)(a["x"]),
+        note=note,
+    )
 
 
 def _binary(xp_fn: str, torch_fn: str, note: str = "") -> Twins:
-    return Twins(xp=lambda xp, a, p: getattr(xp, xp_fn)(a["x"], a["y"]),
-                 torch=lambda torch, a, p: getattr(torch, torch_fn)(a["x"], a["y"]), note=note)
+    return Twins(
+        xp=lambda xp, a, p: getattr(xp, xp_fn)(a["x"], a["y"]),
+        torch=lambda torch, a, p: getattr(torch, torch_fn)(a["x"], a["y"]),
+        note=note,
+    )
 
 
 NO_NUMPY_CONV = "numpy has no convolution; a sliding-window composition would time copies the kernel does not make"
@@ -176,91 +185,161 @@ NO_CUPY_NN = "CuPy has no multi-channel N-D convolution or pooling outside its o
 NAN_POLICY = "the library propagates NaN where the capsule's policy differs; bench inputs hold no NaN"
 
 TWINS: dict[str, Twins] = {
-    "relu": Twins(xp=lambda xp, a, p: xp.maximum(a["x"], 0), torch=lambda torch, a, p: torch.relu(a["x"]),
-                  note=NAN_POLICY),
-    "gelu": Twins(xp=lambda xp, a, p: 0.5 * a["x"] * (1 + xp.tanh(0.7978845608028654 * (a["x"] + 0.044715 * a["x"] ** 3))),
-                  torch=lambda torch, a, p: _F(torch).gelu(a["x"], approximate="tanh"),
-                  note="numpy/CuPy: the tanh formula composed from library calls"),
+    "relu": Twins(
+        xp=lambda xp, a, p: xp.maximum(a["x"], 0), torch=lambda torch, a, p: torch.relu(a["x"]), note=NAN_POLICY
+    ),
+    "gelu": Twins(
+        xp=lambda xp, a, p: 0.5 * a["x"] * (1 + xp.tanh(0.7978845608028654 * (a["x"] + 0.044715 * a["x"] ** 3))),
+        torch=lambda torch, a, p: _F(torch).gelu(a["x"], approximate="tanh"),
+        note="numpy/CuPy: the tanh formula composed from library calls",
+    ),
     "add": _binary("add", "add"),
     "sub": _binary("subtract", "sub"),
     "mul": _binary("multiply", "mul"),
     "scale": Twins(xp=lambda xp, a, p: a["x"] * p["c"], torch=lambda torch, a, p: a["x"] * p["c"]),
     "abs": _unary("abs", "abs"),
     "sqrt": _unary("sqrt", "sqrt"),
-    "clamp": Twins(xp=lambda xp, a, p: xp.clip(a["x"], p["lo"], p["hi"]),
-                   torch=lambda torch, a, p: torch.clamp(a["x"], p["lo"], p["hi"]), note=NAN_POLICY),
+    "clamp": Twins(
+        xp=lambda xp, a, p: xp.clip(a["x"], p["lo"], p["hi"]),
+        torch=lambda torch, a, p: torch.clamp(a["x"], p["lo"], p["hi"]),
+        note=NAN_POLICY,
+    ),
     "max": _binary("fmax", "fmax"),
     "min": _binary("fmin", "fmin"),
-    "sigmoid": Twins(xp=lambda xp, a, p: 1 / (1 + xp.exp(-a["x"])), torch=lambda torch, a, p: torch.sigmoid(a["x"]),
-                     note="numpy/CuPy: 1/(1 + exp(-x)) composed"),
+    "sigmoid": Twins(
+        xp=lambda xp, a, p: 1 / (1 + xp.exp(-a["x"])),
+        torch=lambda torch, a, p: torch.sigmoid(a["x"]),
+        note="numpy/CuPy: 1/(1 + exp(-x)) composed",
+    ),
     "tanh": _unary("tanh", "tanh"),
-    "softplus": Twins(xp=lambda xp, a, p: xp.logaddexp(0, a["x"]), torch=lambda torch, a, p: _F(torch).softplus(a["x"]),
-                      note="PyTorch switches to x above 20 (a difference below float32's resolution)"),
+    "softplus": Twins(
+        xp=lambda xp, a, p: xp.logaddexp(0, a["x"]),
+        torch=lambda torch, a, p: _F(torch).softplus(a["x"]),
+        note="PyTorch switches to x above 20 (a difference below float32's resolution)",
+    ),
     "exp": _unary("exp", "exp"),
     "sin": _unary("sin", "sin"),
     "cos": _unary("cos", "cos"),
     "log": _unary("log", "log"),
     "inv": _unary("reciprocal", "reciprocal"),
-    "safe_log": Twins(xp=lambda xp, a, p: xp.log(xp.logaddexp(0, a["x"]) + p["eps"]),
-                      torch=lambda torch, a, p: torch.log(_F(torch).softplus(a["x"]) + p["eps"]),
-                      note="no library twin: composed as log(softplus(x) + eps)"),
-    "log_softmax": Twins(xp=lambda xp, a, p: _row_log_softmax(xp, a["x"]),
-                         torch=lambda torch, a, p: torch.log_softmax(a["x"], -1),
-                         note="numpy/CuPy: composed (max, exp, sum, log)"),
-    "softmax": Twins(xp=lambda xp, a, p: _row_softmax(xp, a["x"]), torch=lambda torch, a, p: torch.softmax(a["x"], -1),
-                     note="numpy/CuPy: composed (max, exp, sum, divide)"),
-    "hard_masked_softmax": Twins(xp=lambda xp, a, p: _hard_masked_softmax(xp, a["x"], a["mask"]),
-                                 torch=lambda torch, a, p: _torch_hard_masked_softmax(torch, a["x"], a["mask"]),
-                                 note="composed: masked_fill(-inf), softmax, NaN rows to 0"),
-    "reduce_sum": Twins(xp=lambda xp, a, p: xp.sum(a["x"], axis=p["axis"]),
-                        torch=lambda torch, a, p: torch.sum(a["x"]) if p["axis"] is None else torch.sum(a["x"], dim=p["axis"])),
-    "reduce_mean": Twins(xp=lambda xp, a, p: xp.mean(a["x"], axis=p["axis"]),
-                         torch=lambda torch, a, p: torch.mean(a["x"]) if p["axis"] is None else torch.mean(a["x"], dim=p["axis"])),
-    "permute": Twins(xp=lambda xp, a, p: xp.ascontiguousarray(xp.transpose(a["x"], p["perm"])),
-                     torch=lambda torch, a, p: a["x"].permute(*p["perm"]).contiguous()),
-    "broadcast": Twins(xp=lambda xp, a, p: xp.ascontiguousarray(xp.broadcast_to(a["x"], p["shape"])),
-                       torch=lambda torch, a, p: a["x"].expand(*p["shape"]).contiguous()),
-    "concat": Twins(xp=lambda xp, a, p: xp.concatenate(a["xs"], axis=p["axis"]),
-                    torch=lambda torch, a, p: torch.cat(a["xs"], dim=p["axis"])),
-    "slice": Twins(xp=_slice_xp, torch=lambda torch, a, p: a["x"].narrow(p["axis"], p["start"], p["length"]).contiguous()),
-    "gather": Twins(xp=lambda xp, a, p: xp.take(a["x"], a["index"], axis=p["axis"]),
-                    torch=lambda torch, a, p: torch.index_select(a["x"], p["axis"], a["index"])),
-    "scatter_add": Twins(xp=_scatter_add_xp, cupy=_scatter_add_cupy,
-                         torch=lambda torch, a, p: torch.index_add(a["base"], p["axis"], a["index"], a["src"]),
-                         note="numpy: np.add.at (unbuffered); CuPy: cupyx.scatter_add; PyTorch: index_add"),
-    "layer_norm": Twins(xp=_layer_norm, torch=lambda torch, a, p: _F(torch).layer_norm(
-        a["x"], (a["x"].shape[-1],), a["gamma"], a["beta"], eps=p["eps"]), note="numpy/CuPy: composed"),
-    "batch_norm": Twins(xp=_batch_norm, torch=lambda torch, a, p: _F(torch).batch_norm(
-        a["x"], None, None, a["gamma"], a["beta"], training=True, eps=p["eps"]),
-        note="training mode, batch statistics; numpy/CuPy: composed"),
-    "conv": Twins(torch=_torch_conv(False), excluded={"numpy": NO_NUMPY_CONV, "cupy": NO_CUPY_NN},
-                  note="PyTorch with TF32 off (cudnn.allow_tf32 = False): float32 arithmetic"),
-    "conv_transpose": Twins(torch=_torch_conv(True), excluded={"numpy": NO_NUMPY_CONV, "cupy": NO_CUPY_NN},
-                            note="PyTorch with TF32 off (cudnn.allow_tf32 = False): float32 arithmetic"),
-    "max_pool": Twins(torch=_torch_pool("max"), excluded={"numpy": NO_NUMPY_POOL, "cupy": NO_CUPY_NN},
-                      note=NAN_POLICY),
-    "avg_pool": Twins(torch=_torch_pool("avg"), excluded={"numpy": NO_NUMPY_POOL, "cupy": NO_CUPY_NN},
-                      note="count_include_pad=True, the capsule's divisor"),
-    "matmul": Twins(xp=lambda xp, a, p: xp.matmul(a["a"], a["b"]), torch=lambda torch, a, p: torch.matmul(a["a"], a["b"]),
-                    note="PyTorch with TF32 off (cuda.matmul.allow_tf32 = False): float32 arithmetic"),
-    "linear": Twins(xp=lambda xp, a, p: xp.matmul(a["x"], a["w"].T) + a["b"],
-                    torch=lambda torch, a, p: _F(torch).linear(a["x"], a["w"], a["b"]),
-                    note="numpy/CuPy: x @ w.T + b"),
-    "mse_loss": Twins(xp=lambda xp, a, p: xp.mean((a["pred"] - a["target"]) ** 2),
-                      torch=lambda torch, a, p: _F(torch).mse_loss(a["pred"], a["target"])),
-    "fft_fno": Twins(xp=_fno, torch=_torch_fno, note="composed: rfft, per-mode einsum, irfft (how FNO layers are written)"),
+    "safe_log": Twins(
+        xp=lambda xp, a, p: xp.log(xp.logaddexp(0, a["x"]) + p["eps"]),
+        torch=lambda torch, a, p: torch.log(_F(torch).softplus(a["x"]) + p["eps"]),
+        note="no library twin: composed as log(softplus(x) + eps)",
+    ),
+    "log_softmax": Twins(
+        xp=lambda xp, a, p: _row_log_softmax(xp, a["x"]),
+        torch=lambda torch, a, p: torch.log_softmax(a["x"], -1),
+        note="numpy/CuPy: composed (max, exp, sum, log)",
+    ),
+    "softmax": Twins(
+        xp=lambda xp, a, p: _row_softmax(xp, a["x"]),
+        torch=lambda torch, a, p: torch.softmax(a["x"], -1),
+        note="numpy/CuPy: composed (max, exp, sum, divide)",
+    ),
+    "hard_masked_softmax": Twins(
+        xp=lambda xp, a, p: _hard_masked_softmax(xp, a["x"], a["mask"]),
+        torch=lambda torch, a, p: _torch_hard_masked_softmax(torch, a["x"], a["mask"]),
+        note="composed: masked_fill(-inf), softmax, NaN rows to 0",
+    ),
+    "reduce_sum": Twins(
+        xp=lambda xp, a, p: xp.sum(a["x"], axis=p["axis"]),
+        torch=lambda torch, a, p: torch.sum(a["x"]) if p["axis"] is None else torch.sum(a["x"], dim=p["axis"]),
+    ),
+    "reduce_mean": Twins(
+        xp=lambda xp, a, p: xp.mean(a["x"], axis=p["axis"]),
+        torch=lambda torch, a, p: torch.mean(a["x"]) if p["axis"] is None else torch.mean(a["x"], dim=p["axis"]),
+    ),
+    "permute": Twins(
+        xp=lambda xp, a, p: xp.ascontiguousarray(xp.transpose(a["x"], p["perm"])),
+        torch=lambda torch, a, p: a["x"].permute(*p["perm"]).contiguous(),
+    ),
+    "broadcast": Twins(
+        xp=lambda xp, a, p: xp.ascontiguousarray(xp.broadcast_to(a["x"], p["shape"])),
+        torch=lambda torch, a, p: a["x"].expand(*p["shape"]).contiguous(),
+    ),
+    "concat": Twins(
+        xp=lambda xp, a, p: xp.concatenate(a["xs"], axis=p["axis"]),
+        torch=lambda torch, a, p: torch.cat(a["xs"], dim=p["axis"]),
+    ),
+    "slice": Twins(
+        xp=_slice_xp, torch=lambda torch, a, p: a["x"].narrow(p["axis"], p["start"], p["length"]).contiguous()
+    ),
+    "gather": Twins(
+        xp=lambda xp, a, p: xp.take(a["x"], a["index"], axis=p["axis"]),
+        torch=lambda torch, a, p: torch.index_select(a["x"], p["axis"], a["index"]),
+    ),
+    "scatter_add": Twins(
+        xp=_scatter_add_xp,
+        cupy=_scatter_add_cupy,
+        torch=lambda torch, a, p: torch.index_add(a["base"], p["axis"], a["index"], a["src"]),
+        note="numpy: np.add.at (unbuffered); CuPy: cupyx.scatter_add; PyTorch: index_add",
+    ),
+    "layer_norm": Twins(
+        xp=_layer_norm,
+        torch=lambda torch, a, p: _F(torch).layer_norm(
+            a["x"], (a["x"].shape[-1],), a["gamma"], a["beta"], eps=p["eps"]
+        ),
+        note="numpy/CuPy: composed",
+    ),
+    "batch_norm": Twins(
+        xp=_batch_norm,
+        torch=lambda torch, a, p: _F(torch).batch_norm(
+            a["x"], None, None, a["gamma"], a["beta"], training=True, eps=p["eps"]
+        ),
+        note="training mode, batch statistics; numpy/CuPy: composed",
+    ),
+    "conv": Twins(
+        torch=_torch_conv(False),
+        excluded={"numpy": NO_NUMPY_CONV, "cupy": NO_CUPY_NN},
+        note="PyTorch with TF32 off (cudnn.allow_tf32 = False): float32 arithmetic",
+    ),
+    "conv_transpose": Twins(
+        torch=_torch_conv(True),
+        excluded={"numpy": NO_NUMPY_CONV, "cupy": NO_CUPY_NN},
+        note="PyTorch with TF32 off (cudnn.allow_tf32 = False): float32 arithmetic",
+    ),
+    "max_pool": Twins(torch=_torch_pool("max"), excluded={"numpy": NO_NUMPY_POOL, "cupy": NO_CUPY_NN}, note=NAN_POLICY),
+    "avg_pool": Twins(
+        torch=_torch_pool("avg"),
+        excluded={"numpy": NO_NUMPY_POOL, "cupy": NO_CUPY_NN},
+        note="count_include_pad=True, the capsule's divisor",
+    ),
+    "matmul": Twins(
+        xp=lambda xp, a, p: xp.matmul(a["a"], a["b"]),
+        torch=lambda torch, a, p: torch.matmul(a["a"], a["b"]),
+        note="PyTorch with TF32 off (cuda.matmul.allow_tf32 = False): float32 arithmetic",
+    ),
+    "linear": Twins(
+        xp=lambda xp, a, p: xp.matmul(a["x"], a["w"].T) + a["b"],
+        torch=lambda torch, a, p: _F(torch).linear(a["x"], a["w"], a["b"]),
+        note="numpy/CuPy: x @ w.T + b",
+    ),
+    "mse_loss": Twins(
+        xp=lambda xp, a, p: xp.mean((a["pred"] - a["target"]) ** 2),
+        torch=lambda torch, a, p: _F(torch).mse_loss(a["pred"], a["target"]),
+    ),
+    "fft_fno": Twins(
+        xp=_fno, torch=_torch_fno, note="composed: rfft, per-mode einsum, irfft (how FNO layers are written)"
+    ),
 }
 
-_RANDOM = ("a different generator: the libraries' random bits are not the spec's SplitMix64 counter stream, "
-           "so their output is another function")
+_RANDOM = (
+    "a different generator: the libraries' random bits are not the spec's SplitMix64 counter stream, "
+    "so their output is another function"
+)
 NO_TWIN: dict[str, str] = {
     "reshape": "no kernel: a reshape relabels its input's buffer, nothing moves",
     "rand_uniform": _RANDOM,
     "bernoulli_mask": _RANDOM,
-    "smooth_max_pool": ("no library twin: a log-sum-exp over pooling windows with zero-counted padding; "
-                        "an unfold-based composition exists only in 2-D and would time copies the kernel does not make"),
-    "selective_scan": ("no library twin: a sequential linear recurrence over T; the libraries have no scan for it "
-                       "and a Python loop over T would time the interpreter"),
+    "smooth_max_pool": (
+        "no library twin: a log-sum-exp over pooling windows with zero-counted padding; "
+        "an unfold-based composition exists only in 2-D and would time copies the kernel does not make"
+    ),
+    "selective_scan": (
+        "no library twin: a sequential linear recurrence over T; the libraries have no scan for it "
+        "and a Python loop over T would time the interpreter"
+    ),
 }
 
 
@@ -333,8 +412,9 @@ class Library:
         with np.errstate(all="ignore"):
             return twin(self.module(), arrays, params)
 
-    def backward_call(self, twin: Twin, arrays: Mapping[str, Any], params: Mapping[str, Any], cotangent,
-                      names: tuple[str, ...]) -> Callable[[], tuple]:
+    def backward_call(
+        self, twin: Twin, arrays: Mapping[str, Any], params: Mapping[str, Any], cotangent, names: tuple[str, ...]
+    ) -> Callable[[], tuple]:
         """A call giving the gradients of the twin's output at `cotangent` with respect to the inputs
         `names` (a variadic input's arrays in order); the forward is recorded once, outside it."""
         raise NotImplementedError
@@ -360,6 +440,7 @@ class NumpyLibrary(Library):
 
     def target(self, fn, cold_flush_bytes: int):
         from .cpu_timing import CpuFlush, WallClockTarget
+
         return WallClockTarget(fn, CpuFlush(cold_flush_bytes), timer="wall clock (numpy on the CPU)")
 
     def settings(self) -> dict:
@@ -405,8 +486,11 @@ class TorchLibrary(Library):
     def backward_call(self, twin, arrays, params, cotangent, names):
         """autograd.grad over the recorded forward, the graph kept between calls (retain_graph)."""
         torch = self._torch
-        leaves = [t.requires_grad_() for name in names
-                  for t in (arrays[name] if isinstance(arrays[name], tuple) else (arrays[name],))]
+        leaves = [
+            t.requires_grad_()
+            for name in names
+            for t in (arrays[name] if isinstance(arrays[name], tuple) else (arrays[name],))
+        ]
         with torch.enable_grad():
             y = twin(torch, arrays, params)
         g = self._one(cotangent)
@@ -416,6 +500,7 @@ class TorchLibrary(Library):
         if self.device == "cuda":
             return TorchCudaTarget(self._torch, fn, cold_flush_bytes)
         from .cpu_timing import CpuFlush, WallClockTarget
+
         return WallClockTarget(fn, CpuFlush(cold_flush_bytes), timer="wall clock (PyTorch on the CPU)")
 
     def synchronize(self):
@@ -430,9 +515,12 @@ class TorchLibrary(Library):
         torch = self._torch
         if torch is None:
             return {}
-        return {"version": torch.__version__, "device": self.device,
-                "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-                "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+        return {
+            "version": torch.__version__,
+            "device": self.device,
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        }
 
 
 class CupyLibrary(Library):

@@ -93,8 +93,15 @@ def summarize(samples: Iterable[float]) -> Summary:
     values = sorted(float(v) for v in samples)
     if not values:
         return Summary(0, math.nan, math.nan, math.nan, math.nan, math.nan, math.nan)
-    return Summary(len(values), quantile(values, 0.5), quantile(values, 0.25), quantile(values, 0.75),
-                   values[0], values[-1], math.fsum(values) / len(values))
+    return Summary(
+        len(values),
+        quantile(values, 0.5),
+        quantile(values, 0.25),
+        quantile(values, 0.75),
+        values[0],
+        values[-1],
+        math.fsum(values) / len(values),
+    )
 
 
 @dataclass(frozen=True)
@@ -177,8 +184,18 @@ def measure(target, rule: StoppingRule, cold: bool, clock: Callable[[], float] =
         stop = rule.decide(samples, clock() - sampling)
         if stop:
             break
-    return Measurement(target.timer_name, tuple(samples), summarize(samples), stop, calls, warmup_s, batches, batch,
-                       cold, getattr(target, "guarded", None))
+    return Measurement(
+        target.timer_name,
+        tuple(samples),
+        summarize(samples),
+        stop,
+        calls,
+        warmup_s,
+        batches,
+        batch,
+        cold,
+        getattr(target, "guarded", None),
+    )
 
 
 # -- throughput against the measured peaks ----------------------------------------------------
@@ -283,6 +300,7 @@ class NumpyDevice:
         """The forward call, or with a cotangent the VJP at it (the forward's y made beforehand)."""
         p = working_params(params, np.float32)
         if cotangent is None:
+
             def call():
                 with np.errstate(all="ignore"):
                     spec.forward(arrays, p)
@@ -293,6 +311,7 @@ class NumpyDevice:
             def call():
                 with np.errstate(all="ignore"):
                     spec.vjp(arrays, p, y, cotangent)
+
         return WallClockTarget(call, self._flush)
 
     def copy_peak(self):
@@ -300,8 +319,11 @@ class NumpyDevice:
         nbytes = int(min(256 << 20, available // 8)) // 4 * 4
         src = np.full(nbytes // 4, 1.0, dtype=np.float32)
         dst = np.empty_like(src)
-        return (WallClockTarget(lambda: np.copyto(dst, src)), 2 * nbytes,
-                f"numpy.copyto of {nbytes >> 20} MiB, counting bytes read + written")
+        return (
+            WallClockTarget(lambda: np.copyto(dst, src)),
+            2 * nbytes,
+            f"numpy.copyto of {nbytes >> 20} MiB, counting bytes read + written",
+        )
 
     def compute_peak(self):
         n = 1024
@@ -309,14 +331,25 @@ class NumpyDevice:
         a = rng.standard_normal((n, n), dtype=np.float32)
         b = rng.standard_normal((n, n), dtype=np.float32)
         out = np.empty((n, n), dtype=np.float32)
-        return WallClockTarget(lambda: np.matmul(a, b, out=out)), 2 * n ** 3, f"numpy.matmul float32 {n}x{n}x{n}, BLAS sgemm"
+        return (
+            WallClockTarget(lambda: np.matmul(a, b, out=out)),
+            2 * n**3,
+            f"numpy.matmul float32 {n}x{n}x{n}, BLAS sgemm",
+        )
 
     def release(self):
         pass
 
     def facts(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "description": self.description, "timer": self.timer,
-                "cache_bytes": self.cache_bytes, "memory_bytes": self.total_bytes, "processor": platform.processor()}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "description": self.description,
+            "timer": self.timer,
+            "cache_bytes": self.cache_bytes,
+            "memory_bytes": self.total_bytes,
+            "processor": platform.processor(),
+        }
 
 
 class CudaDevice:
@@ -330,6 +363,7 @@ class CudaDevice:
 
     def __init__(self, backend):
         from .backends.cuda import DeviceTimer
+
         self.backend = backend
         self.gpu = DeviceTimer(backend)
         self.cache_bytes = self.gpu.l2_bytes
@@ -343,6 +377,7 @@ class CudaDevice:
     def _plans(spec: OpSpec):
         from .launch import plan_functions
         from .registry import lookup
+
         capsule = lookup(f"native_cuda.{spec.name}")
         return capsule, plan_functions(capsule)
 
@@ -383,16 +418,27 @@ class CudaDevice:
 
     def compute_peak(self):
         target = self.gpu.fma_target()
-        return (target, target.flops, f"capsule_peak_fma (cuda/peak.cu): {target.grid[0]} blocks x {target.BLOCK} "
-                                      f"threads x {target.iterations} x 8 float32 FMAs")
+        return (
+            target,
+            target.flops,
+            f"capsule_peak_fma (cuda/peak.cu): {target.grid[0]} blocks x {target.BLOCK} "
+            f"threads x {target.iterations} x 8 float32 FMAs",
+        )
 
     def release(self):
         self.gpu.release()
 
     def facts(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "description": self.description, "timer": self.timer,
-                "cache_bytes": self.cache_bytes, "memory_bytes": self.total_bytes,
-                "multiprocessors": self.gpu.multiprocessors, "arch": self.backend.arch}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "description": self.description,
+            "timer": self.timer,
+            "cache_bytes": self.cache_bytes,
+            "memory_bytes": self.total_bytes,
+            "multiprocessors": self.gpu.multiprocessors,
+            "arch": self.backend.arch,
+        }
 
 
 def device_for(backend):
@@ -424,8 +470,19 @@ def measure_peaks(device, rule: StoppingRule) -> Peaks:
 NAMED_SIZES = ("small", "medium", "large")
 AUTO_CACHE_MULTIPLE = 4
 """--size auto on a GPU: the large samples grown until one call moves 4x the L2."""
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
 
 
 @dataclass(frozen=True)
@@ -558,8 +615,9 @@ def working_set(spec: OpSpec, shapes: dict, params: dict, direction: str) -> int
     return _footprint(spec, shapes, params) if direction == "fwd" else backward_cost(spec, shapes, params).bytes
 
 
-def resize(spec: OpSpec, sample: Sample, target_bytes: int, grow_only: bool = False,
-           memory_limit: int | None = None) -> tuple[Sample, str]:
+def resize(
+    spec: OpSpec, sample: Sample, target_bytes: int, grow_only: bool = False, memory_limit: int | None = None
+) -> tuple[Sample, str]:
     """The sample stretched (or shrunk) along a shared leading axis, else a trailing one, until one
     call moves about `target_bytes` by the op's cost model; values are tiled, so every value and
     index stays one the op accepts. Returns (sample, a note saying what changed).
@@ -572,8 +630,11 @@ def resize(spec: OpSpec, sample: Sample, target_bytes: int, grow_only: bool = Fa
         return sample, ""
     for axis in (0, -1):
         slots = _slots(spec, sample, params, axis)
-        subsets = [list(c) for r in range(len(slots), 0, -1) for c in combinations(slots, r)] if len(slots) <= 8 \
+        subsets = (
+            [list(c) for r in range(len(slots), 0, -1) for c in combinations(slots, r)]
+            if len(slots) <= 8
             else [slots] + [[s] for s in slots]
+        )
         for subset in subsets:
             doubled = _cost_at(spec, *_apply(spec, shapes, params, subset, axis, 2.0)[:2])
             if doubled is None or doubled.bytes <= base:
@@ -586,8 +647,10 @@ def resize(spec: OpSpec, sample: Sample, target_bytes: int, grow_only: bool = Fa
                     continue
                 need = _footprint(spec, new_shapes, new_params)
                 if memory_limit is not None and need > memory_limit:
-                    raise MemoryError(f"resized to {cost.bytes} bytes per call it needs {need} bytes of host memory "
-                                      f"for its inputs and output, {memory_limit} available")
+                    raise MemoryError(
+                        f"resized to {cost.bytes} bytes per call it needs {need} bytes of host memory "
+                        f"for its inputs and output, {memory_limit} available"
+                    )
                 resized = _materialize(sample, subset, axis, lengths, new_params)
                 try:
                     validate(spec, resized.inputs, resized.params, np.float32)
@@ -745,6 +808,7 @@ class TwinCheck:
 
     def _check(self, spec: OpSpec, library, twin, direction: str) -> str | None:
         from .cpu_providers import NUMPY_F32
+
         for sample in spec.samples("medium", seeded_rng(spec.name, "bench-twin", self.seed)):
             try:
                 params = normalize_params(spec, sample.params)
@@ -755,8 +819,11 @@ class TwinCheck:
                 else:
                     g = cotangent(spec, sample, validate(spec, sample.inputs, sample.params, np.float32)[2], self.seed)
                     grads = NUMPY_F32.vjp(spec, sample.inputs, g, **sample.params)
-                    expected = [a for name in spec.differentiable
-                                for a in (grads[name] if isinstance(grads[name], tuple) else (grads[name],))]
+                    expected = [
+                        a
+                        for name in spec.differentiable
+                        for a in (grads[name] if isinstance(grads[name], tuple) else (grads[name],))
+                    ]
                     outs = list(library.backward_call(twin, data, params, g, spec.differentiable)())
                 errors = [twins_table.relative_error(library.to_numpy(o), e) for o, e in zip(outs, expected)]
                 error = max(errors) if len(outs) == len(expected) else math.inf
@@ -765,8 +832,10 @@ class TwinCheck:
             finally:
                 library.cleanup()
             if not error <= twins_table.TWIN_TOLERANCE:
-                return (f"its twin does not compute the same thing: relative error {error:.2g} on {sample.case} "
-                        f"(limit {twins_table.TWIN_TOLERANCE:g})")
+                return (
+                    f"its twin does not compute the same thing: relative error {error:.2g} on {sample.case} "
+                    f"(limit {twins_table.TWIN_TOLERANCE:g})"
+                )
         return None
 
 
@@ -820,6 +889,7 @@ def _sized_workload(capsule, settings: Settings, target_bytes: int | None) -> Wo
     def drawn():
         named = settings.size.samples
         return spec.samples(named, seeded_rng(spec.name, f"bench-{named}", settings.seed))
+
     return Workload(spec, capsule, spec.name, "fwd", drawn, lambda: _samples(spec, settings, target_bytes))
 
 
@@ -827,16 +897,23 @@ def _suite_workload(case, device, settings: Settings) -> Workload:
     """One suite case at its own shapes; beyond the device's suite_limit its working set is the
     reason it is skipped, before any memory is taken."""
     from .registry import lookup
+
     spec = get_spec(case.op)
 
     def prepared():
         limit = device.suite_limit
         need = working_set(spec, dict(case.shapes), normalize_params(spec, case.params), case.direction)
         if limit is not None and need > limit:
-            yield case.stand_in(), "", (f"working set {need / 2**20:.0f} MiB (inputs, output"
-                                        f"{', cotangent, gradients' if case.direction == 'bwd' else ''}) is beyond "
-                                        f"the {device.name} backend's {limit / 2**20:g} MiB for suite cases: "
-                                        f"time it on a GPU (--backend cuda)")
+            yield (
+                case.stand_in(),
+                "",
+                (
+                    f"working set {need / 2**20:.0f} MiB (inputs, output"
+                    f"{', cotangent, gradients' if case.direction == 'bwd' else ''}) is beyond "
+                    f"the {device.name} backend's {limit / 2**20:g} MiB for suite cases: "
+                    f"time it on a GPU (--backend cuda)"
+                ),
+            )
             return
         try:
             sample = case.sample(settings.seed)
@@ -844,29 +921,60 @@ def _suite_workload(case, device, settings: Settings) -> Workload:
             yield case.stand_in(), "", f"out of memory: making its inputs: {exc}"
             return
         yield sample, "", None
-    return Workload(spec, lookup(f"native_cuda.{case.op}"), case.name, case.direction, lambda: [case.stand_in()],
-                    prepared)
+
+    return Workload(
+        spec, lookup(f"native_cuda.{case.op}"), case.name, case.direction, lambda: [case.stand_in()], prepared
+    )
 
 
-def run(capsules, device, settings: Settings, backend_note: str = "", *,
-        progress: Callable[[int, int, str], None] | None = None, libraries: dict | None = None) -> BenchReport:
+def run(
+    capsules,
+    device,
+    settings: Settings,
+    backend_note: str = "",
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    libraries: dict | None = None,
+) -> BenchReport:
     """Time every sample of each capsule at settings.size on `device`, with the baselines."""
     target_bytes = resolve_target(settings.size, device)
-    return _run([_sized_workload(c, settings, target_bytes) for c in capsules], device, settings, backend_note,
-                target_bytes, progress, libraries)
+    return _run(
+        [_sized_workload(c, settings, target_bytes) for c in capsules],
+        device,
+        settings,
+        backend_note,
+        target_bytes,
+        progress,
+        libraries,
+    )
 
 
-def run_suite(suite, device, settings: Settings, backend_note: str = "", *,
-              progress: Callable[[int, int, str], None] | None = None, libraries: dict | None = None) -> BenchReport:
+def run_suite(
+    suite,
+    device,
+    settings: Settings,
+    backend_note: str = "",
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+    libraries: dict | None = None,
+) -> BenchReport:
     """Time each case of a bench_suites.Suite at its own shapes (never resized) and in its
     direction, with the baselines. settings.size is ignored: the run is recorded as the suite's."""
     settings = replace(settings, size=Size("suite", suite.name), suite=suite.name)
-    return _run([_suite_workload(case, device, settings) for case in suite.cases], device, settings, backend_note,
-                None, progress, libraries)
+    return _run(
+        [_suite_workload(case, device, settings) for case in suite.cases],
+        device,
+        settings,
+        backend_note,
+        None,
+        progress,
+        libraries,
+    )
 
 
-def _run(work: list[Workload], device, settings: Settings, backend_note: str, target_bytes: int | None,
-         progress, libraries) -> BenchReport:
+def _run(
+    work: list[Workload], device, settings: Settings, backend_note: str, target_bytes: int | None, progress, libraries
+) -> BenchReport:
     """Phase 1 times the kernels (and the CPU baselines); phase 2, on a GPU, hands the device over
     to PyTorch and CuPy (a PyCUDA context and theirs are never interleaved) and times their twins
     on the same inputs, remade from the same seed."""
@@ -874,9 +982,13 @@ def _run(work: list[Workload], device, settings: Settings, backend_note: str, ta
     report = BenchReport(device.name, backend_note, device.facts(), settings, target_bytes)
     if device.kind == "cuda":
         from .kernels import COMPILE_FLAGS
+
         report.compile_flags = tuple(COMPILE_FLAGS)
-    libs = {name: lib for name, lib in (libraries or twins_table.libraries(device.kind)).items()
-            if name in settings.baselines}
+    libs = {
+        name: lib
+        for name, lib in (libraries or twins_table.libraries(device.kind)).items()
+        if name in settings.baselines
+    }
     cpu_libs = [n for n in twins_table.BASELINES if n in libs and libs[n].device == "cpu"]
     gpu_libs = [n for n in twins_table.BASELINES if n in libs and libs[n].device != "cpu"]
     total = len(work) * (2 if gpu_libs else 1)
@@ -892,8 +1004,11 @@ def _run(work: list[Workload], device, settings: Settings, backend_note: str, ta
         for w in work:
             if progress:
                 progress(done, total, f"bench {w.label}")
-            missing = (f"not run: the CUDA context was lost ({poisoned})" if poisoned
-                       else device.unavailable(w.spec, w.direction))
+            missing = (
+                f"not run: the CUDA context was lost ({poisoned})"
+                if poisoned
+                else device.unavailable(w.spec, w.direction)
+            )
             if missing:  # skipped as drawn, without resizing
                 report.cases += [_skipped(w, s, missing) for s in w.drawn()]
                 done += 1
@@ -907,8 +1022,9 @@ def _run(work: list[Workload], device, settings: Settings, backend_note: str, ta
                     poisoned = f"{w.spec.name} {sample.case}: {lost}"
                 if result.status is CaseStatus.OK:
                     for name in cpu_libs:
-                        result.baselines.append(_baseline(libs[name], problems, w, sample, result, settings,
-                                                          checker, device))
+                        result.baselines.append(
+                            _baseline(libs[name], problems, w, sample, result, settings, checker, device)
+                        )
                 report.cases.append(result)
             done += 1
         if progress:
@@ -938,21 +1054,33 @@ def _samples(spec: OpSpec, settings: Settings, target_bytes: int | None):
             continue
         try:
             limit = host_available_bytes()
-            resized, note = resize(spec, sample, target_bytes, settings.size.grow_only,
-                                   None if limit is None else int(0.8 * limit))
+            resized, note = resize(
+                spec, sample, target_bytes, settings.size.grow_only, None if limit is None else int(0.8 * limit)
+            )
             yield resized, note, None
         except MemoryError as exc:
             yield sample, "", f"out of memory: {exc}"
 
 
 def _skipped(w: Workload, sample, reason) -> CaseResult:
-    return CaseResult(w.spec.name, w.capsule.name, sample.case, _shape_line(sample), _shapes_record(sample),
-                      _jsonable(dict(sample.params)), CaseStatus.SKIPPED, reason, direction=w.direction)
+    return CaseResult(
+        w.spec.name,
+        w.capsule.name,
+        sample.case,
+        _shape_line(sample),
+        _shapes_record(sample),
+        _jsonable(dict(sample.params)),
+        CaseStatus.SKIPPED,
+        reason,
+        direction=w.direction,
+    )
 
 
 def _shapes_record(sample: Sample) -> dict:
-    return {k: (_jsonable([list(np.shape(a)) for a in v]) if isinstance(v, (tuple, list)) else list(np.shape(v)))
-            for k, v in sample.inputs.items()}
+    return {
+        k: (_jsonable([list(np.shape(a)) for a in v]) if isinstance(v, (tuple, list)) else list(np.shape(v)))
+        for k, v in sample.inputs.items()
+    }
 
 
 def _failed(result: CaseResult, exc: Exception) -> tuple[CaseResult, str | None]:
@@ -1005,8 +1133,9 @@ def _bench_case(w: Workload, sample, note, failure, device, settings, peaks) -> 
     return result, None
 
 
-def _baseline(lib, problems: dict, w: Workload, sample: Sample, case: CaseResult, settings: Settings,
-              checker: TwinCheck, device) -> BaselineResult:
+def _baseline(
+    lib, problems: dict, w: Workload, sample: Sample, case: CaseResult, settings: Settings, checker: TwinCheck, device
+) -> BaselineResult:
     spec = w.spec
     why = twins_table.exclusion(spec.name, lib.name)
     if not why and w.direction == "bwd" and not lib.differentiates:
@@ -1033,26 +1162,31 @@ def _baseline(lib, problems: dict, w: Workload, sample: Sample, case: CaseResult
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         data = lib.to_library(arrays)
         if w.direction == "bwd":
-            call = lib.backward_call(twin, data, params, cotangent(spec, sample, out_shape, settings.seed),
-                                     spec.differentiable)
+            call = lib.backward_call(
+                twin, data, params, cotangent(spec, sample, out_shape, settings.seed), spec.differentiable
+            )
         else:
+
             def call():
                 return lib.call(twin, data, params)
+
         target = lib.target(call, flush_bytes)
         m = measure(target, rule, settings.cold)
     except Exception as exc:
         status = BaselineStatus.SKIPPED if _is_oom(exc) else BaselineStatus.ERROR
         prefix = "out of memory: " if status is BaselineStatus.SKIPPED else f"{type(exc).__name__}: "
-        return BaselineResult(lib.name, lib.device, status, prefix + str(exc).splitlines()[0] if str(exc) else prefix,
-                              note=note)
+        return BaselineResult(
+            lib.name, lib.device, status, prefix + str(exc).splitlines()[0] if str(exc) else prefix, note=note
+        )
     finally:
         if target is not None:
             target.close()
         data = call = None
         lib.cleanup()
     kernel = case.measurement.summary.median
-    return BaselineResult(lib.name, lib.device, BaselineStatus.OK, "", m,
-                          m.summary.median / kernel if kernel > 0 else None, note)
+    return BaselineResult(
+        lib.name, lib.device, BaselineStatus.OK, "", m, m.summary.median / kernel if kernel > 0 else None, note
+    )
 
 
 def _gpu_baselines(report, work, libs, names, problems, settings, checker, device, progress, done, total):
@@ -1090,8 +1224,9 @@ def load_previous(path) -> dict:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("cases"), list):
         raise CompareError(f"--compare: {path} is not a `capsules bench --json` document (schema {SCHEMA})")
     if doc.get("schema_version", 0) > SCHEMA_VERSION:
-        raise CompareError(f"--compare: {path} has schema version {doc.get('schema_version')}, newer than "
-                           f"this tool's {SCHEMA_VERSION}")
+        raise CompareError(
+            f"--compare: {path} has schema version {doc.get('schema_version')}, newer than this tool's {SCHEMA_VERSION}"
+        )
     return doc
 
 
@@ -1135,7 +1270,9 @@ class Comparison:
         return [c for c in self.changes if c.status is ChangeStatus.REGRESSED]
 
 
-def classify(old: Mapping[str, float], new: Mapping[str, float], threshold: float) -> tuple[ChangeStatus, float, float, float]:
+def classify(
+    old: Mapping[str, float], new: Mapping[str, float], threshold: float
+) -> tuple[ChangeStatus, float, float, float]:
     """Noise-aware verdict on two timings (median, q1, q3 in seconds): a regression only when even
     the new run's first quartile is slower than the old run's third quartile by more than the
     threshold; an improvement symmetrically; a median change beyond the threshold whose quartiles
@@ -1165,10 +1302,14 @@ def compare(old: dict, report: BenchReport, threshold: float, source: str = "") 
     previous = {}
     for c in old.get("cases", []):
         t = c.get("time") or {}
-        if c.get("status") == "OK" and all(isinstance(t.get(k), (int, float)) and t.get(k) > 0
-                                           for k in ("median_s", "q1_s", "q3_s")):
+        if c.get("status") == "OK" and all(
+            isinstance(t.get(k), (int, float)) and t.get(k) > 0 for k in ("median_s", "q1_s", "q3_s")
+        ):
             previous[(c.get("op"), c.get("case"), c.get("shape"))] = {
-                "median": t["median_s"], "q1": t["q1_s"], "q3": t["q3_s"]}
+                "median": t["median_s"],
+                "q1": t["q1_s"],
+                "q3": t["q3_s"],
+            }
     notes = []
     for key, label in (("backend", "backend"), ("device", "device")):
         was = old.get(key) if key == "backend" else (old.get("device") or {}).get("description")

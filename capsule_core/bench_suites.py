@@ -49,8 +49,11 @@ class SuiteCase:
     def stand_in(self) -> Sample:
         """The case's inputs without their memory: zero-stride float views and zero indices (valid
         for every index input), for validating shapes and for reports of cases never run."""
-        return self._sample(lambda dtype, shape: np.zeros(shape, np.int64) if dtype == "int64"
-                            else np.broadcast_to(np.float32(0), shape))
+        return self._sample(
+            lambda dtype, shape: (
+                np.zeros(shape, np.int64) if dtype == "int64" else np.broadcast_to(np.float32(0), shape)
+            )
+        )
 
     def sample(self, seed: int = 0) -> Sample:
         """The case's inputs: float values uniform in [-1, 1) (bounded, so every op of a suite stays
@@ -64,6 +67,7 @@ class SuiteCase:
             values *= 2
             values -= 1
             return values
+
         return self._sample(draw)
 
     def _sample(self, make) -> Sample:
@@ -87,26 +91,41 @@ def _case(op: str, label: str, direction: str = "fwd", params: Mapping[str, Any]
 
 # The kernel review's reference shapes (issue 15), FP32: the large inputs of its predictions, and the
 # shapes benchmarks/plan_reference.py shows the launch plans of.
-REFERENCE = Suite("reference", (
-    _case("relu", "2^28", x=(2**28,)),
-    _case("softmax", "32x65536", x=(32, 65536)),
-    _case("softmax", "4096x4096", x=(4096, 4096)),
-    _case("layer_norm", "4096x8192", x=(4096, 8192), gamma=(8192,), beta=(8192,)),
-    _case("layer_norm", "4096x8192", "bwd", x=(4096, 8192), gamma=(8192,), beta=(8192,)),
-    _case("reduce_sum", "2^28", x=(2**28,)),
-    _case("matmul", "4096^3", a=(4096, 4096), b=(4096, 4096)),
-    _case("linear", "8x4096 w4096x4096", x=(8, 4096), w=(4096, 4096), b=(4096,)),
-    _case("conv", "32x64x224x224 w64x64x3x3", params={"stride": 1, "padding": 1},
-          x=(32, 64, 224, 224), w=(64, 64, 3, 3), b=(64,)),
-    _case("batch_norm", "64x256x56x56", x=(64, 256, 56, 56), gamma=(256,), beta=(256,)),
-    _case("max_pool", "2x2 32x64x224x224", params={"kernel": 2}, x=(32, 64, 224, 224)),
-    _case("max_pool", "3x3s2 32x64x112x112", "bwd", params={"kernel": 3, "stride": 2, "padding": 1},
-          x=(32, 64, 112, 112)),
-    _case("fft_fno", "B20 G4096 C64 M16", x=(20, 4096, 64), w_re=(16, 64, 64), w_im=(16, 64, 64)),
-    _case("selective_scan", "B4 T4096 D1536", x=(4, 4096, 1536), a=(4, 4096, 1536), b=(4, 4096, 1536),
-          h0=(4, 1536)),
-    _case("permute", "8192x8192 transpose", params={"perm": (1, 0)}, x=(8192, 8192)),
-    _case("concat", "2x 8192x4096 axis 1", params={"axis": 1}, xs=((8192, 4096), (8192, 4096))),
-))
+REFERENCE = Suite(
+    "reference",
+    (
+        _case("relu", "2^28", x=(2**28,)),
+        _case("softmax", "32x65536", x=(32, 65536)),
+        _case("softmax", "4096x4096", x=(4096, 4096)),
+        _case("layer_norm", "4096x8192", x=(4096, 8192), gamma=(8192,), beta=(8192,)),
+        _case("layer_norm", "4096x8192", "bwd", x=(4096, 8192), gamma=(8192,), beta=(8192,)),
+        _case("reduce_sum", "2^28", x=(2**28,)),
+        _case("matmul", "4096^3", a=(4096, 4096), b=(4096, 4096)),
+        _case("linear", "8x4096 w4096x4096", x=(8, 4096), w=(4096, 4096), b=(4096,)),
+        _case(
+            "conv",
+            "32x64x224x224 w64x64x3x3",
+            params={"stride": 1, "padding": 1},
+            x=(32, 64, 224, 224),
+            w=(64, 64, 3, 3),
+            b=(64,),
+        ),
+        _case("batch_norm", "64x256x56x56", x=(64, 256, 56, 56), gamma=(256,), beta=(256,)),
+        _case("max_pool", "2x2 32x64x224x224", params={"kernel": 2}, x=(32, 64, 224, 224)),
+        _case(
+            "max_pool",
+            "3x3s2 32x64x112x112",
+            "bwd",
+            params={"kernel": 3, "stride": 2, "padding": 1},
+            x=(32, 64, 112, 112),
+        ),
+        _case("fft_fno", "B20 G4096 C64 M16", x=(20, 4096, 64), w_re=(16, 64, 64), w_im=(16, 64, 64)),
+        _case(
+            "selective_scan", "B4 T4096 D1536", x=(4, 4096, 1536), a=(4, 4096, 1536), b=(4, 4096, 1536), h0=(4, 1536)
+        ),
+        _case("permute", "8192x8192 transpose", params={"perm": (1, 0)}, x=(8192, 8192)),
+        _case("concat", "2x 8192x4096 axis 1", params={"axis": 1}, xs=((8192, 4096), (8192, 4096))),
+    ),
+)
 
 SUITES: dict[str, Suite] = {REFERENCE.name: REFERENCE}

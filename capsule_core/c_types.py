@@ -41,16 +41,19 @@ class CType:
         return int(info.min), int(info.max)
 
 
-C_TYPES: dict[str, CType] = {t.spelling: t for t in (
-    CType("float", np.float32, "f32", "f", "float32"),
-    CType("int32_t", np.int32, "u32", "i", "int32"),
-    CType("int", np.int32, "u32", "i", "int32"),
-    CType("uint32_t", np.uint32, "u32", "I", "uint32"),
-    CType("unsigned int", np.uint32, "u32", "I", "uint32"),
-    CType("int64_t", np.int64, "u64", "q", "int64"),
-    CType("uint64_t", np.uint64, "u64", "Q", "uint64"),
-    CType("size_t", np.uint64, "u64", "Q", "uint64"),
-)}
+C_TYPES: dict[str, CType] = {
+    t.spelling: t
+    for t in (
+        CType("float", np.float32, "f32", "f", "float32"),
+        CType("int32_t", np.int32, "u32", "i", "int32"),
+        CType("int", np.int32, "u32", "i", "int32"),
+        CType("uint32_t", np.uint32, "u32", "I", "uint32"),
+        CType("unsigned int", np.uint32, "u32", "I", "uint32"),
+        CType("int64_t", np.int64, "u64", "q", "int64"),
+        CType("uint64_t", np.uint64, "u64", "Q", "uint64"),
+        CType("size_t", np.uint64, "u64", "Q", "uint64"),
+    )
+}
 
 BUFFER_DTYPES: dict[str, type] = {t.buffer: t.numpy for t in C_TYPES.values()}
 """What a plan buffer may hold: the element type of some pointer parameter."""

@@ -100,7 +100,7 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     for ref in refs:
         path = cuda_source_dir() / Path(ref.path).name
         if not _source_declares(ref, path.read_text(errors="replace")):
-            problems.append(f"{ref.symbol}: no extern \"C\" __global__ definition in {ref.path}")
+            problems.append(f'{ref.symbol}: no extern "C" __global__ definition in {ref.path}')
         for arch, result in compiled.items():
             if isinstance(result, CompileError):
                 continue
@@ -111,11 +111,15 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
             want = [expected_ptx_type(p) for p in ref.params]
             got = [p.ptx_type for p in entry]
             if len(want) != len(got):
-                problems.append(f"{ref.symbol} ({arch}): PTX has {len(got)} parameters, the registry declares {len(want)}")
+                problems.append(
+                    f"{ref.symbol} ({arch}): PTX has {len(got)} parameters, the registry declares {len(want)}"
+                )
             else:
                 for i, (w, g, declared) in enumerate(zip(want, got, ref.params)):
                     if w != g:
-                        problems.append(f"{ref.symbol} ({arch}): parameter {i} `{declared}` should be .{w} in PTX, is .{g}")
+                        problems.append(
+                            f"{ref.symbol} ({arch}): parameter {i} `{declared}` should be .{w} in PTX, is .{g}"
+                        )
     return problems
 
 
@@ -139,8 +143,17 @@ def _budget_item(budget: KernelBudget, symbols, builds: list[CompiledFile]) -> C
     if problems:
         return CheckItem("kernel.budget", Status.FAILED, tuple(problems))
     arches = ", ".join(b.arch for b in builds)
-    return CheckItem("kernel.budget", Status.PASSED, (f"{arches}: no nvcc warning; " + "; ".join(
-        f"{s}: {max(b.resources[s].registers for b in builds)} registers (budget: {budget.describe(s)})" for s in symbols),))
+    return CheckItem(
+        "kernel.budget",
+        Status.PASSED,
+        (
+            f"{arches}: no nvcc warning; "
+            + "; ".join(
+                f"{s}: {max(b.resources[s].registers for b in builds)} registers (budget: {budget.describe(s)})"
+                for s in symbols
+            ),
+        ),
+    )
 
 
 def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
@@ -179,7 +192,11 @@ def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
             if declared != {k: tuple(v) for k, v in outputs.items()}:
                 problems.append(f"{sample.case} {direction}: plan outputs {declared} != expected {outputs}")
     status = Status.FAILED if problems else Status.PASSED
-    return CheckItem("launch.plan", status, tuple(problems[:20]) or (f"{plans} plans over {len(cases) + len(spec.edges())} cases legal",))
+    return CheckItem(
+        "launch.plan",
+        status,
+        tuple(problems[:20]) or (f"{plans} plans over {len(cases) + len(spec.edges())} cases legal",),
+    )
 
 
 def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckReport:
@@ -211,8 +228,11 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
             if not errors:
                 budget = family_budget(capsule.family)
                 symbols = [r.symbol for r in refs if all(r.symbol in b.resources for b in per_arch.values())]
-                kernels = [KernelRow(**vars(b.resources[s]), symbol=s, arch=arch, max_registers=budget.registers_for(s))
-                           for arch, b in per_arch.items() for s in symbols]
+                kernels = [
+                    KernelRow(**vars(b.resources[s]), symbol=s, arch=arch, max_registers=budget.registers_for(s))
+                    for arch, b in per_arch.items()
+                    for s in symbols
+                ]
                 items.append(_budget_item(budget, symbols, list(per_arch.values())))
             if problems:
                 results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
@@ -221,5 +241,12 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
         results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
     fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
     cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)
-    return CheckReport(tuple(arches), f"{nvcc.version} ({nvcc.path})", tuple(results), time.perf_counter() - start,
-                       cached, fresh, COMPILE_FLAGS)
+    return CheckReport(
+        tuple(arches),
+        f"{nvcc.version} ({nvcc.path})",
+        tuple(results),
+        time.perf_counter() - start,
+        cached,
+        fresh,
+        COMPILE_FLAGS,
+    )

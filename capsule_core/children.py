@@ -12,6 +12,7 @@ def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the thread that started it ends; elsewhere nothing
     (the pools still end their workers on every exit they see). Safe in a preexec_fn."""
     import ctypes
+
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):

@@ -24,8 +24,9 @@ class CpuProvider:
     def _checked(self, spec: OpSpec, what: str, value, shape):
         arr = np.asarray(value)
         if arr.dtype != self.dtype or arr.shape != tuple(shape):
-            raise AssertionError(f"{spec.name}: {what} gave {arr.dtype}{arr.shape}, "
-                                 f"expected {np.dtype(self.dtype)}{tuple(shape)}")
+            raise AssertionError(
+                f"{spec.name}: {what} gave {arr.dtype}{arr.shape}, expected {np.dtype(self.dtype)}{tuple(shape)}"
+            )
         return arr
 
     def forward(self, op, inputs, **params) -> np.ndarray:

@@ -22,7 +22,9 @@ def cpu_cache_bytes() -> int:
                     text = f.read().strip().upper()
                 match = re.fullmatch(r"(\d+)([KMG]?)", text)
                 if match:
-                    best = max(best, int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[match.group(2)])
+                    best = max(
+                        best, int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[match.group(2)]
+                    )
     except OSError:
         pass
     return best or 32 << 20

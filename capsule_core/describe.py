@@ -14,16 +14,22 @@ def op_details(op: str) -> dict[str, list[str]]:
         spec = get_spec(op)
     except UnknownNameError:
         return {}
-    params = [f"{p.name} ({p.kind}){'' if p.required else f', default {p.default!r}'}{': ' + p.doc if p.doc else ''}"
-              for p in spec.params]
-    inputs = [f"{t.name}: {t.rank} {t.dtype}{'' if t.differentiable else ', no gradient'}"
-              f"{', a list' if t.variadic else ''}" for t in spec.inputs]
+    params = [
+        f"{p.name} ({p.kind}){'' if p.required else f', default {p.default!r}'}{': ' + p.doc if p.doc else ''}"
+        for p in spec.params
+    ]
+    inputs = [
+        f"{t.name}: {t.rank} {t.dtype}{'' if t.differentiable else ', no gradient'}{', a list' if t.variadic else ''}"
+        for t in spec.inputs
+    ]
     sample = spec.samples("medium", seeded_rng(spec.name, "medium"))[0]
     arrays, p, out_shape = validate(spec, sample.inputs, sample.params)
     shapes = shapes_of(arrays)
 
     def model_text(model) -> str:
-        length = f"; n = {model.length(shapes, p)} for {sample.case}" if isinstance(model, Accumulation) and model.n else ""
+        length = (
+            f"; n = {model.length(shapes, p)} for {sample.case}" if isinstance(model, Accumulation) and model.n else ""
+        )
         return model.describe() + length
 
     tolerance = [f"forward: {model_text(spec.error)}"]
@@ -39,9 +45,11 @@ def op_details(op: str) -> dict[str, list[str]]:
         "parameters": params or ["(none)"],
         "shape rule": [spec.shape_rule],
         "tolerance model (u = 2^-24)": tolerance,
-        "cost model": [f"for {sample.summary()} -> y{out_shape}:",
-                       f"{cost.bytes_read} bytes read, {cost.bytes_written} bytes written, {cost.flops} flops "
-                       f"(intensity {cost.intensity:.3g} flop/byte)"],
+        "cost model": [
+            f"for {sample.summary()} -> y{out_shape}:",
+            f"{cost.bytes_read} bytes read, {cost.bytes_written} bytes written, {cost.flops} flops "
+            f"(intensity {cost.intensity:.3g} flop/byte)",
+        ],
     }
 
 
@@ -56,7 +64,9 @@ def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
     for path in sorted({r.path for r in capsule.symbols}):
         source = source_path(path)
         if not source.is_file():
-            out.update({r.symbol: f"not compiled: {path} is not written yet" for r in capsule.symbols if r.path == path})
+            out.update(
+                {r.symbol: f"not compiled: {path} is not written yet" for r in capsule.symbols if r.path == path}
+            )
             continue
         try:
             build = compile_file(source, arch)
@@ -75,7 +85,9 @@ def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
                 continue
             over = budget.problems(ref.symbol, r) + warnings
             verdict = f"OVER BUDGET: {'; '.join(over)}" if over else "within budget"
-            out[ref.symbol] = (f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
-                               f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes; {verdict} "
-                               f"({budget.describe(ref.symbol)}, no nvcc warning)")
+            out[ref.symbol] = (
+                f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
+                f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes; {verdict} "
+                f"({budget.describe(ref.symbol)}, no nvcc warning)"
+            )
     return out

@@ -13,10 +13,20 @@ from .errors import EnvironmentMissing
 PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis", "scipy", "pytest", "torch", "cupy")
 
 NEEDS = {
-    "list": (), "show": (), "export": (), "select": (), "doctor": (), "check": ("nvcc",),
-    "verify --backend numpy": (), "verify --backend emu": ("c++",), "verify --backend cuda": ("gpu",),
-    "fuzz --backend numpy": (), "fuzz --backend emu": ("c++",), "fuzz --backend cuda": ("gpu",),
-    "bench --backend numpy": (), "bench --backend cuda": ("gpu",),
+    "list": (),
+    "show": (),
+    "export": (),
+    "select": (),
+    "doctor": (),
+    "check": ("nvcc",),
+    "verify --backend numpy": (),
+    "verify --backend emu": ("c++",),
+    "verify --backend cuda": ("gpu",),
+    "fuzz --backend numpy": (),
+    "fuzz --backend emu": ("c++",),
+    "fuzz --backend cuda": ("gpu",),
+    "bench --backend numpy": (),
+    "bench --backend cuda": ("gpu",),
 }
 """Command name to what it needs: "nvcc", "gpu", "c++" (the emulator's host compiler). Commands that need nothing run everywhere."""
 
@@ -56,11 +66,15 @@ def examine() -> DoctorReport:
     from .backends.emu import emulated_families, find_host_compiler
     from .kernels import NVCC_RULES, cache_dir, find_nvcc
 
-    facts = [Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),
-             Fact("platform", platform.platform(), True)]
+    facts = [
+        Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),
+        Fact("platform", platform.platform(), True),
+    ]
     for name in PACKAGES:
         version = package_version(name)
-        facts.append(Fact(name, version or "not installed", version is not None or name not in ("typer", "numpy", "tabulate")))
+        facts.append(
+            Fact(name, version or "not installed", version is not None or name not in ("typer", "numpy", "tabulate"))
+        )
     try:
         nvcc = find_nvcc()
         facts.append(Fact("nvcc", f"{nvcc.version} at {nvcc.path}", True))
@@ -71,8 +85,14 @@ def examine() -> DoctorReport:
         have_nvcc = str(exc)
     try:
         compiler = find_host_compiler()
-        facts.append(Fact("host C++ compiler", f"{compiler.version} at {compiler.path} (found by {compiler.rule}); "
-                                               f"emu runs all {len(emulated_families())} kernel families", True))
+        facts.append(
+            Fact(
+                "host C++ compiler",
+                f"{compiler.version} at {compiler.path} (found by {compiler.rule}); "
+                f"emu runs all {len(emulated_families())} kernel families",
+                True,
+            )
+        )
         have_compiler = ""
     except EnvironmentMissing as exc:
         facts.append(Fact("host C++ compiler", str(exc), False))

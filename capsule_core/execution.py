@@ -31,7 +31,7 @@ class GuardedOutput:
     def __post_init__(self):
         n = int(np.prod(self.shape, dtype=np.int64))
         bits = np.full(n + 2 * GUARD_ELEMENTS, GUARD, dtype=np.uint32)
-        bits[GUARD_ELEMENTS:GUARD_ELEMENTS + n] = SENTINEL
+        bits[GUARD_ELEMENTS : GUARD_ELEMENTS + n] = SENTINEL
         self.full = bits.view(np.float32)
 
     @property
@@ -40,12 +40,15 @@ class GuardedOutput:
 
     @property
     def view(self) -> np.ndarray:
-        return self.full[GUARD_ELEMENTS:GUARD_ELEMENTS + self.size].reshape(self.shape)
+        return self.full[GUARD_ELEMENTS : GUARD_ELEMENTS + self.size].reshape(self.shape)
 
     def guard_damage(self) -> int:
         """How many guard elements changed (writes before or after the output)."""
         bits = self.full.view(np.uint32)
-        return int(np.count_nonzero(bits[:GUARD_ELEMENTS] != GUARD) + np.count_nonzero(bits[GUARD_ELEMENTS + self.size:] != GUARD))
+        return int(
+            np.count_nonzero(bits[:GUARD_ELEMENTS] != GUARD)
+            + np.count_nonzero(bits[GUARD_ELEMENTS + self.size :] != GUARD)
+        )
 
     def unwritten(self) -> int:
         """How many output elements still hold the sentinel."""
@@ -70,8 +73,14 @@ class Backend(Protocol):
 
     def forward(self, spec: OpSpec, inputs: dict, params: dict, out: GuardedOutput) -> Run: ...
 
-    def backward(self, spec: OpSpec, inputs: dict, params: dict, g: np.ndarray,
-                 grads: Mapping[str, GuardedOutput | tuple[GuardedOutput, ...]]) -> Run: ...
+    def backward(
+        self,
+        spec: OpSpec,
+        inputs: dict,
+        params: dict,
+        g: np.ndarray,
+        grads: Mapping[str, GuardedOutput | tuple[GuardedOutput, ...]],
+    ) -> Run: ...
 
 
 def gradient_outputs(spec: OpSpec, arrays: Mapping[str, object]) -> dict:
@@ -79,5 +88,7 @@ def gradient_outputs(spec: OpSpec, arrays: Mapping[str, object]) -> dict:
     out = {}
     for name in spec.differentiable:
         value = arrays[name]
-        out[name] = tuple(GuardedOutput(v.shape) for v in value) if isinstance(value, tuple) else GuardedOutput(value.shape)
+        out[name] = (
+            tuple(GuardedOutput(v.shape) for v in value) if isinstance(value, tuple) else GuardedOutput(value.shape)
+        )
     return out

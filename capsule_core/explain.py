@@ -58,11 +58,20 @@ FP32_LANES = {"sm_80": 64, "sm_90": 128}
 """FP32 FMA lanes per SM (the arch whitepapers)."""
 
 
-def _device(name: str, arch: str, sms: int, clock_mhz: float, bandwidth: float, bandwidth_basis: str,
-            origin: str) -> DeviceModel:
+def _device(
+    name: str, arch: str, sms: int, clock_mhz: float, bandwidth: float, bandwidth_basis: str, origin: str
+) -> DeviceModel:
     lanes = FP32_LANES[arch]
-    return DeviceModel(name, arch, sms, bandwidth, bandwidth_basis, sms * lanes * 2 * clock_mhz * 1e6,
-                       f"nominal FP32 FMA: {sms} SMs x {lanes} lanes x 2 x {clock_mhz / 1e3:.2f} GHz", origin)
+    return DeviceModel(
+        name,
+        arch,
+        sms,
+        bandwidth,
+        bandwidth_basis,
+        sms * lanes * 2 * clock_mhz * 1e6,
+        f"nominal FP32 FMA: {sms} SMs x {lanes} lanes x 2 x {clock_mhz / 1e3:.2f} GHz",
+        origin,
+    )
 
 
 REFERENCE_DEVICES = {
@@ -99,16 +108,22 @@ def choose_device(arch: str | None = None) -> DeviceModel:
     except EnvironmentMissing as exc:
         return reference_device(local, str(exc))
     bandwidth = 2 * props.memory_clock_mhz * 1e6 * props.memory_bus_bits / 8
-    return _device(gpu.name, local, props.multiprocessors, props.clock_mhz, bandwidth,
-                   f"nominal: {props.memory_bus_bits}-bit bus at {props.memory_clock_mhz:.0f} MHz, double data rate",
-                   f"local GPU {gpu.index}")
+    return _device(
+        gpu.name,
+        local,
+        props.multiprocessors,
+        props.clock_mhz,
+        bandwidth,
+        f"nominal: {props.memory_bus_bits}-bit bus at {props.memory_clock_mhz:.0f} MHz, double data rate",
+        f"local GPU {gpu.index}",
+    )
 
 
 # -- the request: shapes and parameters from text ----------------------------------------------
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """"8x4096" (or "8,4096") as (8, 4096); "()" is a scalar. Raises ValueError."""
+    """ "8x4096" (or "8,4096") as (8, 4096); "()" is a scalar. Raises ValueError."""
     body = text.strip()
     if body.startswith("(") and body.endswith(")"):
         body = body[1:-1]
@@ -116,8 +131,9 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if parts and parts[-1] == "" and "," in body:
         parts.pop()  # "5," is the 1-tuple
     if not all(p.isdigit() for p in parts):
-        raise ValueError(f"{text!r} is not a shape: write non-negative dimensions joined by x, e.g. 8x4096 "
-                         f"(or () for a scalar)")
+        raise ValueError(
+            f"{text!r} is not a shape: write non-negative dimensions joined by x, e.g. 8x4096 (or () for a scalar)"
+        )
     return tuple(int(p) for p in parts)
 
 
@@ -157,9 +173,16 @@ def _param_value(op: str, kind: str, name: str, text: str):
             return int(value)
         return parse_shape(value)  # shape, perm, per_axis: "1x1", "1,1", "(2, 3)"
     except ValueError:
-        wanted = {"float": "a number", "int": "an int", "axis": "an int", "seed": "an int",
-                  "axis_or_none": "an int or none", "per_axis": "an int or ints joined by x or , (1x1)",
-                  "shape": "ints joined by x or , (2x3; () for none)", "perm": "ints joined by x or , (1,0)"}[kind]
+        wanted = {
+            "float": "a number",
+            "int": "an int",
+            "axis": "an int",
+            "seed": "an int",
+            "axis_or_none": "an int or none",
+            "per_axis": "an int or ints joined by x or , (1x1)",
+            "shape": "ints joined by x or , (2x3; () for none)",
+            "perm": "ints joined by x or , (1,0)",
+        }[kind]
         raise ParamError(op, name, f"must be {wanted}, got {text!r}") from None
 
 
@@ -198,8 +221,8 @@ def _bind(tokens: list[str], shape: tuple[int, ...]) -> dict[str, int]:
         return dict(zip(tokens, shape)) if len(tokens) == len(shape) else {}
     if len(rest) > 1 or len(shape) < len(tokens) - 1:
         return {}
-    head, tail = tokens[:rest[0]], tokens[rest[0] + 1:]
-    return {**dict(zip(head, shape)), **dict(zip(tail, shape[len(shape) - len(tail):]))}
+    head, tail = tokens[: rest[0]], tokens[rest[0] + 1 :]
+    return {**dict(zip(head, shape)), **dict(zip(tail, shape[len(shape) - len(tail) :]))}
 
 
 def infer_missing_shapes(spec: OpSpec, shapes: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -273,7 +296,7 @@ class Roofline:
 
     @property
     def bound(self) -> str | None:
-        """"memory" or "compute"; None without a flop model."""
+        """ "memory" or "compute"; None without a flop model."""
         if self.compute_seconds is None:
             return None
         return "compute" if self.compute_seconds > self.memory_seconds else "memory"
@@ -337,8 +360,11 @@ def _resources(plan: LaunchPlan, refs: Mapping[str, Any], arch: str) -> tuple[di
 def _row(launch, refs, resources, missing, device: DeviceModel) -> LaunchRow:
     ref = refs.get(launch.symbol)
     path = ref.path if ref else "?"
-    names = [parse_param(p).name for p in ref.params] if ref and len(ref.params) == len(launch.args) \
+    names = (
+        [parse_param(p).name for p in ref.params]
+        if ref and len(ref.params) == len(launch.args)
         else [f"arg{i}" for i in range(len(launch.args))]
+    )
     res = resources.get(launch.symbol)
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     blocks = launch.grid[0] * launch.grid[1] * launch.grid[2]
@@ -351,9 +377,19 @@ def _row(launch, refs, resources, missing, device: DeviceModel) -> LaunchRow:
             note = f"cannot launch: {occ.refusal}"
         else:
             waves = blocks / (occ.blocks_per_sm * device.multiprocessors)
-    return LaunchRow(launch.symbol, path, tuple(launch.grid), tuple(launch.block), launch.shared_bytes,
-                     tuple(zip(names, map(_plain, launch.args))), res, occ, waves, min(blocks, device.multiprocessors),
-                     note)
+    return LaunchRow(
+        launch.symbol,
+        path,
+        tuple(launch.grid),
+        tuple(launch.block),
+        launch.shared_bytes,
+        tuple(zip(names, map(_plain, launch.args))),
+        res,
+        occ,
+        waves,
+        min(blocks, device.multiprocessors),
+        note,
+    )
 
 
 def _roofline(spec: OpSpec, direction: str, shapes, params, plan: LaunchPlan, device: DeviceModel) -> Roofline:
@@ -361,11 +397,12 @@ def _roofline(spec: OpSpec, direction: str, shapes, params, plan: LaunchPlan, de
         cost = spec.cost(shapes, params)
         nbytes, flops, basis = cost.bytes, cost.flops, "the op's cost model"
     else:
-        nbytes = sum(b.nbytes for b in plan.buffers
-                     if b.role in ("input", "output") and b.name not in plan.aliases)
-        flops, basis = None, "the plan's buffers: each input read once, each output written once; no backward flop model"
-    return Roofline(nbytes, flops, basis, nbytes / device.bandwidth,
-                    None if flops is None else flops / device.fma_peak)
+        nbytes = sum(b.nbytes for b in plan.buffers if b.role in ("input", "output") and b.name not in plan.aliases)
+        flops, basis = (
+            None,
+            "the plan's buffers: each input read once, each output written once; no backward flop model",
+        )
+    return Roofline(nbytes, flops, basis, nbytes / device.bandwidth, None if flops is None else flops / device.fma_peak)
 
 
 def resolve_op(op: str) -> tuple[Any, OpSpec]:
@@ -376,8 +413,14 @@ def resolve_op(op: str) -> tuple[Any, OpSpec]:
     return capsule, get_spec(capsule.op.value)
 
 
-def explain(op: str, shapes: Mapping[str, Any], params: Mapping[str, Any], direction: str = "fwd",
-            arch: str | None = None, device: DeviceModel | None = None) -> Explanation:
+def explain(
+    op: str,
+    shapes: Mapping[str, Any],
+    params: Mapping[str, Any],
+    direction: str = "fwd",
+    arch: str | None = None,
+    device: DeviceModel | None = None,
+) -> Explanation:
     """The launches `op` gets for these input shapes and parameters, on `device` (default:
     choose_device(arch)). Raises InputError (ShapeError, ParamError) for what the op refuses,
     PlanRequestError for what plan cannot do, UnknownNameError for an unknown op."""
@@ -405,8 +448,14 @@ def explain(op: str, shapes: Mapping[str, Any], params: Mapping[str, Any], direc
     except ShapeError as exc:
         raise ShapeError(spec.name, exc.argument, f"{exc.rule}; the op is {spec.signature()}") from None
     p = normalize_params(spec, params)
-    arrays = {name: (tuple(_stand_in(tensors[name], s) for s in shape) if tensors[name].variadic
-                     else _stand_in(tensors[name], shape)) for name, shape in all_shapes.items()}
+    arrays = {
+        name: (
+            tuple(_stand_in(tensors[name], s) for s in shape)
+            if tensors[name].variadic
+            else _stand_in(tensors[name], shape)
+        )
+        for name, shape in all_shapes.items()
+    }
     arrays = {t.name: arrays[t.name] for t in spec.inputs}
     spec.shape(shapes_of(arrays), p)
     if spec.check_values is not None:
@@ -418,9 +467,16 @@ def explain(op: str, shapes: Mapping[str, Any], params: Mapping[str, Any], direc
     resources, missing = _resources(plan, symbols, device.arch)
     rows = tuple(_row(launch, symbols, resources, missing, device) for launch in plan.launches)
     return Explanation(
-        op=spec.name, capsule=capsule.name, direction=direction,
+        op=spec.name,
+        capsule=capsule.name,
+        direction=direction,
         inputs={t.name: all_shapes[t.name] for t in spec.inputs},
         inferred={name: sources for name, (_, sources) in inferred.items()},
-        params=p, outputs={k: tuple(v) for k, v in plan.output_shapes.items()}, device=device, launches=rows,
+        params=p,
+        outputs={k: tuple(v) for k, v in plan.output_shapes.items()},
+        device=device,
+        launches=rows,
         roofline=_roofline(spec, direction, shapes_of(arrays), p, plan, device),
-        problems=tuple(plan_problems(plan, symbols, device.arch)), aliases=dict(plan.aliases))
+        problems=tuple(plan_problems(plan, symbols, device.arch)),
+        aliases=dict(plan.aliases),
+    )

@@ -62,11 +62,43 @@ SIZES = (0, 1, 2, 3, 5, 7, 13, 31, 37, 127, 4099)
 """Dimension sizes a remap favours: empty, one, primes, odd, large."""
 TIES = (0.0, 1.0, -1.0, 0.5, 2.0, -2.0, 0.25, 3.0)
 """A small value set: arrays drawn from it are full of ties."""
-EXTREMES = (math.nan, math.inf, -math.inf, -0.0, 1e-45, -1e-45, 1e-40, 1.1754942e-38, -1.1754942e-38,
-            3e38, -3e38, FLT_MAX, -FLT_MAX, 0.0, 1.0)
+EXTREMES = (
+    math.nan,
+    math.inf,
+    -math.inf,
+    -0.0,
+    1e-45,
+    -1e-45,
+    1e-40,
+    1.1754942e-38,
+    -1.1754942e-38,
+    3e38,
+    -3e38,
+    FLT_MAX,
+    -FLT_MAX,
+    0.0,
+    1.0,
+)
 """Values sprinkled into template arrays: NaN, ±inf, −0, subnormals, the largest normals."""
-FLOAT_PARAMS = (0.0, -0.0, 1e-50, 1e-45, 1e-6, 0.5, 1.0, 2.0, -1.0, -3.0, 50.0, 1e4, 3e38, 1e39,
-                math.nan, math.inf, -math.inf)
+FLOAT_PARAMS = (
+    0.0,
+    -0.0,
+    1e-50,
+    1e-45,
+    1e-6,
+    0.5,
+    1.0,
+    2.0,
+    -1.0,
+    -3.0,
+    50.0,
+    1e4,
+    3e38,
+    1e39,
+    math.nan,
+    math.inf,
+    -math.inf,
+)
 """Float parameter values across and beyond their ranges (1e39 is not a float32, 1e-50 rounds to 0)."""
 
 
@@ -210,8 +242,13 @@ class ValuePolicy:
         return ValuePolicy(nan, inf, negative_zero)
 
     def extremes(self) -> tuple[float, ...]:
-        return tuple(v for v in EXTREMES if (self.nan or not math.isnan(v)) and (self.inf or not math.isinf(v))
-                     and (self.negative_zero or not (v == 0 and math.copysign(1, v) < 0)))
+        return tuple(
+            v
+            for v in EXTREMES
+            if (self.nan or not math.isnan(v))
+            and (self.inf or not math.isinf(v))
+            and (self.negative_zero or not (v == 0 and math.copysign(1, v) < 0))
+        )
 
     def clean(self, a: np.ndarray) -> np.ndarray:
         """−0 → +0 where the policy states nothing about it; NaNs carrying the bits of the
@@ -230,7 +267,7 @@ class ValuePolicy:
 def _arrays_of(inputs: dict) -> list[np.ndarray]:
     out = []
     for v in inputs.values():
-        for a in (v if isinstance(v, (tuple, list)) else (v,)):
+        for a in v if isinstance(v, (tuple, list)) else (v,):
             out.append(np.asarray(a))
     return out
 
@@ -266,14 +303,19 @@ def _dims(sample: Sample, spec: OpSpec) -> list[int]:
 
 def _fit(remap: dict, sample: Sample, spec: OpSpec) -> None:
     """Halve the largest remapped dimension until the example fits the memory budget."""
+
     def size():  # Python integers: a rank-9 template remapped to 4099 would overflow int64
         total = sum(math.prod(remap.get(int(d), int(d)) for d in a.shape) for a in _arrays_of(sample.inputs))
         for p in spec.params:
             value = sample.params.get(p.name)
-            if p.kind == "shape" and isinstance(value, (tuple, list)) and all(
-                    isinstance(d, (int, np.integer)) and d >= 0 for d in value):
+            if (
+                p.kind == "shape"
+                and isinstance(value, (tuple, list))
+                and all(isinstance(d, (int, np.integer)) and d >= 0 for d in value)
+            ):
                 total += math.prod(remap.get(int(d), int(d)) for d in value)
         return total
+
     while size() > MAX_ELEMENTS:
         big = max(remap, key=lambda d: remap[d])
         if remap[big] <= 1:
@@ -319,12 +361,20 @@ class ExampleStrategy:
         def reshaped(shape):
             return tuple(remap.get(int(d), int(d)) for d in shape)
 
-        float_dims = sorted({(int(d), remap.get(int(d), int(d))) for a in _arrays_of(template.inputs)
-                             if a.dtype.kind == "f" for d in a.shape})
+        float_dims = sorted(
+            {
+                (int(d), remap.get(int(d), int(d)))
+                for a in _arrays_of(template.inputs)
+                if a.dtype.kind == "f"
+                for d in a.shape
+            }
+        )
         inputs = {}
         for name, value in template.inputs.items():
             if isinstance(value, (tuple, list)):
-                parts = [self._array(draw, name, np.asarray(v), reshaped(np.shape(v)), float_dims, origin) for v in value]
+                parts = [
+                    self._array(draw, name, np.asarray(v), reshaped(np.shape(v)), float_dims, origin) for v in value
+                ]
                 if parts and draw(st.integers(0, 5)) == 5:
                     if len(parts) > 1 and draw(st.booleans()):
                         parts.pop()
@@ -340,7 +390,9 @@ class ExampleStrategy:
         for name, value in template.params.items():
             kind = next((p.kind for p in spec.params if p.name == name), None)
             if kind == "shape" and isinstance(value, (tuple, list)):
-                value = tuple(remap.get(int(d), int(d)) if isinstance(d, (int, np.integer)) and d >= 0 else d for d in value)
+                value = tuple(
+                    remap.get(int(d), int(d)) if isinstance(d, (int, np.integer)) and d >= 0 else d for d in value
+                )
             params[name] = value
         if spec.params and draw(st.booleans()):
             for p in spec.params:
@@ -388,12 +440,17 @@ class ExampleStrategy:
         (an axis longer than every template entry first: the likely indexed one), with repeats;
         sometimes one entry out of range."""
         limit = int(template.max()) if template.size else -1
-        bounds = sorted({new for old, new in float_dims if old > limit}) or sorted({new for _, new in float_dims}) or [1]
+        bounds = (
+            sorted({new for old, new in float_dims if old > limit}) or sorted({new for _, new in float_dims}) or [1]
+        )
         largest = max([new for _, new in float_dims] + [1])
         if draw(st.booleans()):
             bound = draw(st.sampled_from(bounds))
-            values = (draw(arrays(np.int64, shape, elements=st.integers(0, bound - 1))) if bound > 0
-                      else np.zeros(shape, np.int64))
+            values = (
+                draw(arrays(np.int64, shape, elements=st.integers(0, bound - 1)))
+                if bound > 0
+                else np.zeros(shape, np.int64)
+            )
             origin.append(f"{name} drawn below {bound}")
         else:
             values = np.resize(template.astype(np.int64), shape) if template.size else np.zeros(shape, np.int64)
@@ -421,12 +478,16 @@ class ExampleStrategy:
         if p.kind == "shape":
             return st.lists(st.one_of(st.integers(0, 9), st.sampled_from((-1, -2))), max_size=4).map(tuple)
         if p.kind == "perm":
-            return st.one_of(st.permutations(range(rank)).map(tuple),
-                             st.lists(st.integers(-1, rank), max_size=rank + 1).map(tuple))
+            return st.one_of(
+                st.permutations(range(rank)).map(tuple), st.lists(st.integers(-1, rank), max_size=rank + 1).map(tuple)
+            )
         if p.kind == "per_axis":
             spatial = max(rank - 2, 0)
-            return st.one_of(st.integers(-1, 4), st.lists(st.integers(-1, 4), min_size=max(spatial - 1, 0),
-                                                           max_size=spatial + 1).map(tuple), st.none())
+            return st.one_of(
+                st.integers(-1, 4),
+                st.lists(st.integers(-1, 4), min_size=max(spatial - 1, 0), max_size=spatial + 1).map(tuple),
+                st.none(),
+            )
         if p.kind == "seed":
             return st.one_of(st.integers(0, 2**64 - 1), st.sampled_from((-1, 2**64)))
         raise AssertionError(p.kind)
@@ -441,8 +502,11 @@ class ExampleStrategy:
         a = inputs[name]
         if a.ndim and draw(st.booleans()):
             axis = draw(st.integers(0, a.ndim - 1))
-            inputs[name] = np.ascontiguousarray(np.take(a, 0, axis=axis)) if a.shape[axis] else np.zeros(
-                a.shape[:axis] + a.shape[axis + 1:], a.dtype)
+            inputs[name] = (
+                np.ascontiguousarray(np.take(a, 0, axis=axis))
+                if a.shape[axis]
+                else np.zeros(a.shape[:axis] + a.shape[axis + 1 :], a.dtype)
+            )
             origin.append(f"{name} axis {axis} dropped")
         else:
             axis = draw(st.integers(0, a.ndim))
@@ -472,8 +536,11 @@ class ExampleStrategy:
         elif how == "complex-input":
             name = draw(st.sampled_from(sorted(inputs)))
             value = inputs[name]
-            inputs[name] = (tuple(np.asarray(v).astype(np.complex64) for v in value) if isinstance(value, tuple)
-                            else np.asarray(value).astype(np.complex64))
+            inputs[name] = (
+                tuple(np.asarray(v).astype(np.complex64) for v in value)
+                if isinstance(value, tuple)
+                else np.asarray(value).astype(np.complex64)
+            )
         else:
             name = next(t.name for t in self.spec.inputs if t.dtype == "int64" and t.name in inputs)
             inputs[name] = np.asarray(inputs[name]).astype(np.float32)
@@ -522,8 +589,11 @@ def _refusal(spec: OpSpec, backend, sample: Sample, expected: InputError) -> tup
                 backend.backward(spec, dict(sample.inputs), dict(sample.params), np.zeros((0,), np.float32), {})
         except InputError as exc:
             if type(exc) is not type(expected) or exc.argument != expected.argument:
-                return ("shape.guard", "FAILED",
-                        f"{direction}: raised {type(exc).__name__} naming {exc.argument!r} ({exc}), expected {want}")
+                return (
+                    "shape.guard",
+                    "FAILED",
+                    f"{direction}: raised {type(exc).__name__} naming {exc.argument!r} ({exc}), expected {want}",
+                )
         except Exception as exc:
             if getattr(exc, "poisoned", False):
                 raise _Poisoned(exc)
@@ -544,29 +614,39 @@ def run_example(capsule: KernelCapsule, spec: OpSpec, backend, example: Example,
     except InputError as expected:
         return Outcome(False, _refusal(spec, backend, sample, expected))
     except Exception as exc:
-        return Outcome(False, ("shape.guard", "ERROR", f"the runtime guard validate crashed: {type(exc).__name__}: {exc}"))
+        return Outcome(
+            False, ("shape.guard", "ERROR", f"the runtime guard validate crashed: {type(exc).__name__}: {exc}")
+        )
     try:
         too_large = math.prod(out_shape) > 4 * MAX_ELEMENTS or spec.cost(shapes_of(arrays), params).flops > MAX_FLOPS
     except Exception as exc:
-        return Outcome(True, ("reference", "ERROR", f"the cost model crashed on an accepted input: {type(exc).__name__}: {exc}"))
+        return Outcome(
+            True, ("reference", "ERROR", f"the cost model crashed on an accepted input: {type(exc).__name__}: {exc}")
+        )
     if too_large:
         return Outcome(True, too_large=True)
     run = _Run(capsule, spec, backend, True, seed, None)
     try:
         case = run.prepare(sample)
     except Exception as exc:
-        return Outcome(True, ("reference", "ERROR", f"the float64 reference crashed on an accepted input: "
-                                                    f"{type(exc).__name__}: {exc}"))
+        return Outcome(
+            True,
+            ("reference", "ERROR", f"the float64 reference crashed on an accepted input: {type(exc).__name__}: {exc}"),
+        )
     try:
         run.execute(case)
     except Exception as exc:  # execute re-raises only a poisoned context
         raise _Poisoned(exc)
     run.cases = [case]
-    results = [run.compare_cases("value.special" if case.special else "value", [case],
-                                 run.forward_pairs(worst_case_bound=True))]
+    results = [
+        run.compare_cases(
+            "value.special" if case.special else "value", [case], run.forward_pairs(worst_case_bound=True)
+        )
+    ]
     if spec.has_vjp and not case.error and _window_ties(spec, case):
-        ties = _Run(capsule, dataclasses.replace(spec, extra={**spec.extra, "tie_cases": (CASE,)}), backend, True,
-                    seed, None)
+        ties = _Run(
+            capsule, dataclasses.replace(spec, extra={**spec.extra, "tie_cases": (CASE,)}), backend, True, seed, None
+        )
         ties.cases = [case]
         results.append(ties.check_selection_ties())
     elif spec.has_vjp and not case.error:
@@ -595,16 +675,24 @@ class _Found(Exception):
 def database_dir() -> Path:
     """Where the Hypothesis example database lives: the cache folder (a cache, not a record)."""
     from .kernels import cache_dir
+
     return cache_dir() / "hypothesis"
 
 
 def _settings(max_examples: int, database) -> settings:
     from hypothesis.database import DirectoryBasedExampleDatabase
+
     db = None if database is None else DirectoryBasedExampleDatabase(str(database))
     return settings(
-        max_examples=max_examples, deadline=None, database=db, derandomize=False,
-        suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
-        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink), print_blob=False,
+        max_examples=max_examples,
+        deadline=None,
+        database=db,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        verbosity=Verbosity.quiet,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        print_blob=False,
     )
 
 
@@ -630,9 +718,17 @@ def _preflight(spec: OpSpec, backend) -> str:
     return ""
 
 
-def fuzz_capsule(capsule: KernelCapsule, backend, *, max_examples: int | None = 100, deadline: float = math.inf,
-                 seed: int = 0, database=None, on_example: Callable[[CapsuleFuzz], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> CapsuleFuzz:
+def fuzz_capsule(
+    capsule: KernelCapsule,
+    backend,
+    *,
+    max_examples: int | None = 100,
+    deadline: float = math.inf,
+    seed: int = 0,
+    database=None,
+    on_example: Callable[[CapsuleFuzz], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> CapsuleFuzz:
     """Fuzz one capsule until `max_examples` examples (None: no limit), the `deadline` (a `clock`
     time) or the first failure, which Hypothesis then shrinks."""
     start = clock()
@@ -676,10 +772,12 @@ def fuzz_capsule(capsule: KernelCapsule, backend, *, max_examples: int | None = 
             target(min(outcome.worst, 1e12), label="error / bound")
 
     # settings outermost: hypothesis.seed() alone would switch the example database off
-    wrapped = _settings(max_examples if max_examples is not None else 10**9, database)(hypothesis_seed(seed)(
-        given(strategy)(test)))
+    wrapped = _settings(max_examples if max_examples is not None else 10**9, database)(
+        hypothesis_seed(seed)(given(strategy)(test))
+    )
     wrapped.hypothesis.inner_test._hypothesis_internal_add_digest = f"{capsule.name}|{backend.name}".encode()
     from hypothesis.reporting import with_reporter
+
     flaky = False
     try:
         with with_reporter(lambda *args: None):
@@ -708,9 +806,17 @@ def fuzz_capsule(capsule: KernelCapsule, backend, *, max_examples: int | None = 
     return result
 
 
-def fuzz(capsules, backend, *, time_budget: float | None = None, max_examples: int | None = None, seed: int = 0,
-         database=None, on_example: Callable[[CapsuleFuzz], None] | None = None,
-         clock: Callable[[], float] = time.monotonic) -> Iterator[CapsuleFuzz]:
+def fuzz(
+    capsules,
+    backend,
+    *,
+    time_budget: float | None = None,
+    max_examples: int | None = None,
+    seed: int = 0,
+    database=None,
+    on_example: Callable[[CapsuleFuzz], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[CapsuleFuzz]:
     """One CapsuleFuzz per capsule, as each finishes. The time budget is shared: each capsule gets
     the time left divided by the capsules left (a quick capsule leaves its time to the others).
     A poisoned backend context stops the run after the capsule that poisoned it."""
@@ -719,8 +825,16 @@ def fuzz(capsules, backend, *, time_budget: float | None = None, max_examples: i
     for i, capsule in enumerate(capsules):
         now = clock()
         deadline = now + max(end - now, 0.0) / (len(capsules) - i) if math.isfinite(end) else math.inf
-        one = fuzz_capsule(capsule, backend, max_examples=max_examples, deadline=deadline, seed=seed,
-                           database=database, on_example=on_example, clock=clock)
+        one = fuzz_capsule(
+            capsule,
+            backend,
+            max_examples=max_examples,
+            deadline=deadline,
+            seed=seed,
+            database=database,
+            on_example=on_example,
+            clock=clock,
+        )
         yield one
         if one.poisoned:
             return
@@ -768,7 +882,9 @@ def _decode(value):
 
 
 def _digest(a: np.ndarray) -> str:
-    return hashlib.sha256(str(a.dtype).encode() + repr(a.shape).encode() + np.ascontiguousarray(a).tobytes()).hexdigest()
+    return hashlib.sha256(
+        str(a.dtype).encode() + repr(a.shape).encode() + np.ascontiguousarray(a).tobytes()
+    ).hexdigest()
 
 
 def replay_document(failure: Failure) -> tuple[dict, dict]:
@@ -783,10 +899,19 @@ def replay_document(failure: Failure) -> tuple[dict, dict]:
             stored[name] = np.asarray(value)
             inputs[name] = {"array": name}
     document = {
-        "schema": REPLAY_SCHEMA, "schema_version": REPLAY_SCHEMA_VERSION,
-        "capsule": failure.capsule, "op": failure.op, "backend": failure.backend, "seed": failure.seed,
-        "case": CASE, "check": failure.check, "status": failure.status, "detail": failure.detail,
-        "flaky": failure.flaky, "origin": failure.example.origin, "summary": failure.example.summary(),
+        "schema": REPLAY_SCHEMA,
+        "schema_version": REPLAY_SCHEMA_VERSION,
+        "capsule": failure.capsule,
+        "op": failure.op,
+        "backend": failure.backend,
+        "seed": failure.seed,
+        "case": CASE,
+        "check": failure.check,
+        "status": failure.status,
+        "detail": failure.detail,
+        "flaky": failure.flaky,
+        "origin": failure.example.origin,
+        "summary": failure.example.summary(),
         "params": {k: _encode(v) for k, v in failure.example.params.items()},
         "inputs": inputs,
         "arrays": {k: {"dtype": str(a.dtype), "shape": list(a.shape), "sha256": _digest(a)} for k, a in stored.items()},
@@ -841,8 +966,10 @@ def read_replay(path) -> Replay:
     if not isinstance(document, dict) or document.get("schema") != REPLAY_SCHEMA:
         raise ReplayFileError(f"--replay: {path} is not a {REPLAY_SCHEMA} file")
     if document.get("schema_version") != REPLAY_SCHEMA_VERSION:
-        raise ReplayFileError(f"--replay: {path} has schema version {document.get('schema_version')}, "
-                              f"this capsules reads {REPLAY_SCHEMA_VERSION}")
+        raise ReplayFileError(
+            f"--replay: {path} has schema version {document.get('schema_version')}, "
+            f"this capsules reads {REPLAY_SCHEMA_VERSION}"
+        )
     arrays_path = path.parent / document["arrays_file"]
     try:
         with np.load(arrays_path, allow_pickle=False) as data:
@@ -857,8 +984,16 @@ def read_replay(path) -> Replay:
         inputs[name] = tuple(stored[k] for k in ref["arrays"]) if "arrays" in ref else stored[ref["array"]]
     params = {k: _decode(v) for k, v in document["params"].items()}
     example = Example(inputs, params, document.get("origin", ""))
-    return Replay(str(path), document["capsule"], document["check"], document["status"], document["detail"],
-                  int(document["seed"]), document["backend"], example)
+    return Replay(
+        str(path),
+        document["capsule"],
+        document["check"],
+        document["status"],
+        document["detail"],
+        int(document["seed"]),
+        document["backend"],
+        example,
+    )
 
 
 @dataclass(frozen=True)
@@ -875,7 +1010,10 @@ class ReplayResult:
         of a memory fault: every process places device memory elsewhere)."""
         f = self.outcome.failure
         return f is not None and (f[0], f[1], _without_addresses(f[2])) == (
-            self.replay.check, self.replay.status, _without_addresses(self.replay.detail))
+            self.replay.check,
+            self.replay.status,
+            _without_addresses(self.replay.detail),
+        )
 
     @property
     def exit_code(self) -> int:
@@ -889,6 +1027,7 @@ def _without_addresses(text: str) -> str:
 def replay(recorded: Replay, backend) -> ReplayResult:
     """Rerun a recorded example exactly (same arrays, parameters and seed) on `backend`."""
     from .registry import lookup
+
     capsule = lookup(recorded.capsule)
     spec = get_spec(capsule.op.value)
     try:

@@ -31,6 +31,7 @@ def _float64_inputs(sample: Sample) -> dict:
             return tuple(conv(x) for x in v)
         a = np.asarray(v)
         return a.astype(np.float64) if a.dtype.kind == "f" else a
+
     return {k: conv(v) for k, v in sample.inputs.items()}
 
 
@@ -75,7 +76,9 @@ def finite_difference(spec: OpSpec, sample: Sample, max_elements: int = 400) -> 
     worst, detail = 0.0, ""
     for name, i, a in _leaves(spec, inputs):
         flat = a.reshape(-1)
-        picks = np.arange(flat.size) if flat.size <= max_elements else rng.choice(flat.size, max_elements, replace=False)
+        picks = (
+            np.arange(flat.size) if flat.size <= max_elements else rng.choice(flat.size, max_elements, replace=False)
+        )
         analytic = _grad(grads, name, i).reshape(-1)
         for j in picks:
             h = STEP * max(1.0, abs(flat[j]))

@@ -38,8 +38,10 @@ def cuda_source_dir() -> Path:
     for candidate in (_PACKAGE / "_cuda", _PACKAGE.parent / "cuda"):
         if candidate.is_dir() and any(candidate.glob("*.cu*")):
             return candidate
-    raise EnvironmentMissing(f"the CUDA sources are missing: looked in {_PACKAGE / '_cuda'} and "
-                             f"{_PACKAGE.parent / 'cuda'}; reinstall the package")
+    raise EnvironmentMissing(
+        f"the CUDA sources are missing: looked in {_PACKAGE / '_cuda'} and "
+        f"{_PACKAGE.parent / 'cuda'}; reinstall the package"
+    )
 
 
 def source_path(path: str) -> Path:
@@ -70,8 +72,10 @@ def find_nvcc() -> Nvcc:
         if os.environ.get(var):
             path = Path(os.environ[var]) / "bin" / "nvcc"
             if not _executable(path):
-                raise EnvironmentMissing(f"{var}={os.environ[var]} holds no nvcc (no executable {path}): point {var} "
-                                         f"at a CUDA toolkit, or unset it to search PATH and {DEFAULT_CUDA}")
+                raise EnvironmentMissing(
+                    f"{var}={os.environ[var]} holds no nvcc (no executable {path}): point {var} "
+                    f"at a CUDA toolkit, or unset it to search PATH and {DEFAULT_CUDA}"
+                )
             return Nvcc(path, _nvcc_version(path), var)
     candidates = []
     on_path = shutil.which("nvcc")
@@ -81,8 +85,10 @@ def find_nvcc() -> Nvcc:
     for path, how in candidates:
         if _executable(path):
             return Nvcc(path, _nvcc_version(path), how)
-    raise EnvironmentMissing("nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and "
-                             "/usr/local/cuda/bin): install the CUDA toolkit or set CUDA_HOME")
+    raise EnvironmentMissing(
+        "nvcc not found (looked in $CUDA_HOME/bin, $CUDA_PATH/bin, PATH and "
+        "/usr/local/cuda/bin): install the CUDA toolkit or set CUDA_HOME"
+    )
 
 
 def _executable(path: Path) -> bool:
@@ -100,6 +106,7 @@ def cache_dir() -> Path:
     if os.environ.get("CAPSULES_CACHE"):
         return Path(os.environ["CAPSULES_CACHE"])
     import platformdirs
+
     return Path(platformdirs.user_cache_dir("capsules"))
 
 
@@ -119,8 +126,9 @@ class CompileError(CapsuleError):
 
     def __init__(self, source: Path, command: list[str], output: str):
         self.source, self.command, self.output = source, command, output
-        super().__init__(f"nvcc failed on {source.name}:\n{output.strip()}\n{_error_context(output)}"
-                         f"command: {' '.join(command)}")
+        super().__init__(
+            f"nvcc failed on {source.name}:\n{output.strip()}\n{_error_context(output)}command: {' '.join(command)}"
+        )
 
 
 def _error_context(output: str) -> str:
@@ -162,8 +170,10 @@ def content_key(header: str, paths) -> str:
 
 
 def cache_key(source: Path, arch: str, nvcc: Nvcc) -> str:
-    return content_key(f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n",
-                       source_closure(source))
+    return content_key(
+        f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n",
+        source_closure(source),
+    )
 
 
 @dataclass(frozen=True)
@@ -215,8 +225,9 @@ class KernelBudget:
         if used.registers > self.registers_for(symbol):
             out.append(f"{symbol}: {used.registers} registers, over its budget of {self.registers_for(symbol)}")
         if used.spill_stores or used.spill_loads:
-            out.append(f"{symbol}: spills {used.spill_stores} bytes stored and {used.spill_loads} loaded, "
-                       f"over its budget of 0")
+            out.append(
+                f"{symbol}: spills {used.spill_stores} bytes stored and {used.spill_loads} loaded, over its budget of 0"
+            )
         if used.stack_bytes and symbol not in self.stack_frames:
             out.append(f"{symbol}: a {used.stack_bytes}-byte stack frame, over its budget of 0 (no slow path declared)")
         return out
@@ -273,9 +284,13 @@ def parse_ptxas_resources(log: str) -> dict[str, KernelResources]:
         stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
         regs = re.search(r"Used (\d+) registers", block)
         smem = re.search(r"(\d+) bytes smem", block)
-        out[name] = KernelResources(int(regs.group(1)) if regs else 0,
-                                    int(stack.group(2)) if stack else 0, int(stack.group(3)) if stack else 0,
-                                    int(stack.group(1)) if stack else 0, int(smem.group(1)) if smem else 0)
+        out[name] = KernelResources(
+            int(regs.group(1)) if regs else 0,
+            int(stack.group(2)) if stack else 0,
+            int(stack.group(3)) if stack else 0,
+            int(stack.group(1)) if stack else 0,
+            int(smem.group(1)) if smem else 0,
+        )
     return out
 
 
@@ -296,8 +311,22 @@ def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledF
         work = Path(work)
         out = work / "entry"
         out.mkdir()
-        cmd = [str(nvcc.path), *COMPILE_FLAGS, f"-arch={arch}", "-cubin", "-Xptxas", "-v", "--keep",
-               "--keep-dir", str(work), "-I", str(source.parent), "-o", str(out / "kernel.cubin"), str(source)]
+        cmd = [
+            str(nvcc.path),
+            *COMPILE_FLAGS,
+            f"-arch={arch}",
+            "-cubin",
+            "-Xptxas",
+            "-v",
+            "--keep",
+            "--keep-dir",
+            str(work),
+            "-I",
+            str(source.parent),
+            "-o",
+            str(out / "kernel.cubin"),
+            str(source),
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise CompileError(source, cmd, result.stdout + result.stderr)
@@ -335,7 +364,9 @@ def _read_entry(folder: Path):
     return data["kernel.cubin"], data["kernel.ptx"].decode(), data["ptxas.log"].decode()
 
 
-def compile_all(jobs: list[tuple[Path, str]], workers: int | None = None) -> dict[tuple[Path, str], CompiledFile | CompileError]:
+def compile_all(
+    jobs: list[tuple[Path, str]], workers: int | None = None
+) -> dict[tuple[Path, str], CompiledFile | CompileError]:
     """Compile (source, arch) pairs in parallel; each result is a CompiledFile or its CompileError."""
     nvcc = find_nvcc()
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))

@@ -107,8 +107,11 @@ def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple
 
 # -- the C types of declared parameters ---------------------------------------------------
 
-_PARAM = re.compile(r"^(?P<const>const )?(?P<type>" + "|".join(sorted(map(re.escape, C_TYPES), key=len, reverse=True))
-                    + r")(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$")
+_PARAM = re.compile(
+    r"^(?P<const>const )?(?P<type>"
+    + "|".join(sorted(map(re.escape, C_TYPES), key=len, reverse=True))
+    + r")(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$"
+)
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch
             if not 1 <= g <= lim:
                 problems.append(f"{where}: grid dimension {axis} = {g} outside [1, {lim}]")
         if not 0 <= launch.shared_bytes <= DYNAMIC_SHARED_LIMIT[arch]:
-            problems.append(f"{where}: {launch.shared_bytes} bytes of dynamic shared memory (limit {DYNAMIC_SHARED_LIMIT[arch]} on {arch})")
+            problems.append(
+                f"{where}: {launch.shared_bytes} bytes of dynamic shared memory (limit {DYNAMIC_SHARED_LIMIT[arch]} on {arch})"
+            )
         params = [parse_param(p) for p in ref.params]
         if len(launch.args) != len(params):
             problems.append(f"{where}: {len(launch.args)} arguments for {len(params)} declared parameters")

@@ -233,8 +233,12 @@ class KernelCapsule:
 
     @property
     def descriptors(self) -> dict[Aspect, ContractDescriptor]:
-        return {Aspect.SHAPE: self.shape, Aspect.LAYOUT: self.layout_contract,
-                Aspect.VALUE: self.value, Aspect.VJP: self.vjp}
+        return {
+            Aspect.SHAPE: self.shape,
+            Aspect.LAYOUT: self.layout_contract,
+            Aspect.VALUE: self.value,
+            Aspect.VJP: self.vjp,
+        }
 
     @property
     def symbols(self) -> tuple[NativeSymbolRef, ...]:
@@ -291,7 +295,9 @@ class ProviderPreference:
         try:
             k = PreferenceKind(kind)
         except ValueError:
-            raise ValueError(f"provider preference must be auto, prefer:PROVIDER or only:PROVIDER, got {text!r}") from None
+            raise ValueError(
+                f"provider preference must be auto, prefer:PROVIDER or only:PROVIDER, got {text!r}"
+            ) from None
         if k is PreferenceKind.AUTO:
             if provider:
                 raise ValueError(f"'auto' takes no provider, got {text!r}")

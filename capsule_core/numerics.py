@@ -40,9 +40,11 @@ class Float32Run:
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Distance in float32 units in the last place (monotone integer mapping of the bits)."""
+
     def ordered(x):
         i = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
         return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
     return np.abs(ordered(a) - ordered(b))
 
 
@@ -87,8 +89,9 @@ def out_of_model(y, r, m, model: ErrorModel, n: int, run: Float32Run) -> np.ndar
     return mask
 
 
-def compare(y, r, magnitude, model: ErrorModel, n: int = 1, worst_case: bool = False,
-            outside: np.ndarray | None = None) -> Comparison:
+def compare(
+    y, r, magnitude, model: ErrorModel, n: int = 1, worst_case: bool = False, outside: np.ndarray | None = None
+) -> Comparison:
     """y (float32 result) against r (float64 reference) with the NaN / ±inf policy:
     NaN where r is NaN, the same infinity where r is infinite, the model's bound elsewhere.
     `outside` marks the elements out of model (see `out_of_model`): never compared, counted."""
@@ -138,9 +141,12 @@ def _compare(y, r, magnitude, model: ErrorModel, n: int, worst_case: bool) -> Co
     worst_i = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     worst = float(ratio[worst_i])
     if worst > 1.0:
-        return Comparison(False, worst, tuple(int(i) for i in worst_i),
-                          f"|y-r| = {float(err[worst_i])!r} exceeds the bound {float(b[worst_i])!r} "
-                          f"({worst!r} times the bound)")
+        return Comparison(
+            False,
+            worst,
+            tuple(int(i) for i in worst_i),
+            f"|y-r| = {float(err[worst_i])!r} exceeds the bound {float(b[worst_i])!r} ({worst!r} times the bound)",
+        )
     return Comparison(True, worst)
 
 

@@ -57,10 +57,20 @@ class ArchLimits:
 
 
 ARCHES = {
-    "sm_80": ArchLimits("sm_80", max_threads_per_sm=2048, max_blocks_per_sm=32,
-                        shared_per_sm=164 * KIB, shared_per_block_optin=163 * KIB),
-    "sm_90": ArchLimits("sm_90", max_threads_per_sm=2048, max_blocks_per_sm=32,
-                        shared_per_sm=228 * KIB, shared_per_block_optin=227 * KIB),
+    "sm_80": ArchLimits(
+        "sm_80",
+        max_threads_per_sm=2048,
+        max_blocks_per_sm=32,
+        shared_per_sm=164 * KIB,
+        shared_per_block_optin=163 * KIB,
+    ),
+    "sm_90": ArchLimits(
+        "sm_90",
+        max_threads_per_sm=2048,
+        max_blocks_per_sm=32,
+        shared_per_sm=228 * KIB,
+        shared_per_block_optin=227 * KIB,
+    ),
 }
 """The architectures the kernels are built for (capsule_core.kernels.ARCHES): A100 (sm_80) and
 H100/H200 (sm_90)."""
@@ -107,8 +117,9 @@ class Occupancy:
         return tuple(name for name, n in self.limits.items() if n == self.blocks_per_sm)
 
 
-def occupancy(limits: ArchLimits, threads: int, registers: int, static_shared: int = 0,
-              dynamic_shared: int = 0) -> Occupancy:
+def occupancy(
+    limits: ArchLimits, threads: int, registers: int, static_shared: int = 0, dynamic_shared: int = 0
+) -> Occupancy:
     """Resident blocks per SM for a block of `threads` threads using `registers` registers per
     thread and the given shared memory (bytes), by cudaOccMaxActiveBlocksPerMultiprocessor's rules."""
     warps = -(-threads // limits.warp_size)
@@ -118,8 +129,9 @@ def occupancy(limits: ArchLimits, threads: int, registers: int, static_shared: i
     shared_used = static_shared + dynamic_shared
     shared = _round_up(shared_used + limits.shared_reserved_per_block, limits.shared_unit)
     opted_in = shared_used > limits.shared_per_block
-    shared_limit = (limits.shared_per_block_optin if opted_in else limits.shared_per_block) \
-        + limits.shared_reserved_per_block
+    shared_limit = (
+        limits.shared_per_block_optin if opted_in else limits.shared_per_block
+    ) + limits.shared_reserved_per_block
 
     refusal = None
     if threads < 1 or threads > limits.max_threads_per_block:
@@ -127,18 +139,31 @@ def occupancy(limits: ArchLimits, threads: int, registers: int, static_shared: i
     elif registers > limits.max_registers_per_thread:
         refusal = f"{registers} registers per thread (limit {limits.max_registers_per_thread})"
     elif max(regs_per_block, regs_as_hardware_counts) > limits.registers_per_block:
-        refusal = (f"{regs_as_hardware_counts} registers per block as the hardware counts them "
-                   f"(warps rounded up to {limits.sub_partitions} sub-partitions; limit {limits.registers_per_block})")
+        refusal = (
+            f"{regs_as_hardware_counts} registers per block as the hardware counts them "
+            f"(warps rounded up to {limits.sub_partitions} sub-partitions; limit {limits.registers_per_block})"
+        )
     elif shared > shared_limit:
-        refusal = (f"{shared} bytes of shared memory per block with the {limits.shared_reserved_per_block}-byte "
-                   f"reservation (limit {shared_limit} on {limits.arch})")
+        refusal = (
+            f"{shared} bytes of shared memory per block with the {limits.shared_reserved_per_block}-byte "
+            f"reservation (limit {shared_limit} on {limits.arch})"
+        )
 
     by_registers = limits.max_blocks_per_sm
     if regs_per_warp:
         warps_per_sub_partition = limits.registers_per_sm // limits.sub_partitions // regs_per_warp
         by_registers = warps_per_sub_partition * limits.sub_partitions // max(warps, 1)
     return Occupancy(
-        threads_per_block=threads, warps_per_block=warps, max_warps_per_sm=limits.max_warps_per_sm,
-        limits={"warps": limits.max_warps_per_sm // max(warps, 1), "registers": by_registers,
-                "shared memory": limits.shared_per_sm // shared, "blocks": limits.max_blocks_per_sm},
-        registers_per_block=regs_per_block, shared_per_block=shared, refusal=refusal)
+        threads_per_block=threads,
+        warps_per_block=warps,
+        max_warps_per_sm=limits.max_warps_per_sm,
+        limits={
+            "warps": limits.max_warps_per_sm // max(warps, 1),
+            "registers": by_registers,
+            "shared memory": limits.shared_per_sm // shared,
+            "blocks": limits.max_blocks_per_sm,
+        },
+        registers_per_block=regs_per_block,
+        shared_per_block=shared,
+        refusal=refusal,
+    )

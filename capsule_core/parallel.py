@@ -91,8 +91,10 @@ def describe(where: Sequence[Worker] | RayCluster, fresh: bool = False) -> str:
     if fresh:
         return f"isolated: every capsule in a fresh worker process{on}"
     if len(where) == 1:
-        return (f"contained: the kernels run in a worker process{on}, replaced after a crash "
-                f"(--no-isolate: in this process)")
+        return (
+            f"contained: the kernels run in a worker process{on}, replaced after a crash "
+            f"(--no-isolate: in this process)"
+        )
     return f"spread: {len(where)} worker processes{on}"
 
 
@@ -133,14 +135,18 @@ def parse_devices(text: str, available: int) -> tuple[int, ...]:
         raise OptionError(f"--devices: must be all or distinct device indices such as 0,1, got {text!r}")
     missing = [d for d in devices if d >= available]
     if missing:
-        raise EnvironmentMissing(f"--devices: no CUDA device {', '.join(map(str, missing))} here "
-                                 f"({available} device{'s' if available != 1 else ''}: 0..{available - 1})"
-                                 if available else f"--devices: no CUDA device {', '.join(map(str, missing))} here")
+        raise EnvironmentMissing(
+            f"--devices: no CUDA device {', '.join(map(str, missing))} here "
+            f"({available} device{'s' if available != 1 else ''}: 0..{available - 1})"
+            if available
+            else f"--devices: no CUDA device {', '.join(map(str, missing))} here"
+        )
     return devices
 
 
-def local_workers(backend: str, jobs: str, devices: str | None, capsules: int,
-                  launch_timeout: float | None = None) -> tuple[Worker, ...]:
+def local_workers(
+    backend: str, jobs: str, devices: str | None, capsules: int, launch_timeout: float | None = None
+) -> tuple[Worker, ...]:
     """The worker processes of `--jobs jobs [--devices devices]` on `backend` for `capsules`
     capsules. auto: one per usable CPU core (emu, numpy) or one per GPU of `devices` (cuda, default
     all); N workers on cuda take the devices in turn. Never more workers than capsules."""
@@ -151,6 +157,7 @@ def local_workers(backend: str, jobs: str, devices: str | None, capsules: int,
         count = count or usable_cores()
         return tuple(Worker(backend, 0, launch_timeout) for _ in range(max(1, min(count, capsules))))
     from .backends import cuda
+
     chosen = parse_devices(devices or "all", len(cuda.probe().devices))
     count = count or len(chosen)
     return tuple(Worker(backend, chosen[i % len(chosen)], launch_timeout) for i in range(max(1, min(count, capsules))))
@@ -168,12 +175,14 @@ def require_ray():
 # -- the engines ----------------------------------------------------------------------------
 
 
-def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = False,
-           **options) -> Iterator[tuple[int, object]]:
+def verify(
+    capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = False, **options
+) -> Iterator[tuple[int, object]]:
     """(index in `capsules`, CapsuleReport) for each capsule as it finishes, the longest started
     first (COSTS_FILE); `options` are verify_capsule's. `fresh`: a new process for every capsule
     (verify --isolate)."""
     from .verify import Status
+
     work = partial(_verify_one, **options)
     failed = partial(_verify_failed, checks=options.get("checks"), sanitize=options.get("sanitize", ()))
     names = [c.name for c in capsules]
@@ -185,8 +194,7 @@ def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = Fals
     if isinstance(where, RayCluster):
         reports = _run_ray(where, work, items, failed, fresh)
     else:  # a capsule whose kernels failed may have written over the worker's state: a fresh one goes on
-        reports = _run_local(where, work, items, failed,
-                             lambda r: fresh or r.status in (Status.ERROR, Status.FAILED))
+        reports = _run_local(where, work, items, failed, lambda r: fresh or r.status in (Status.ERROR, Status.FAILED))
     try:
         for index, report in reports:
             if report.seconds:  # 0: its worker died, no time to learn
@@ -197,9 +205,16 @@ def verify(capsules, where: Sequence[Worker] | RayCluster, *, fresh: bool = Fals
         write_costs({**recorded, key: costs})
 
 
-def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float | None = None,
-         max_examples: int | None = None, seed: int = 0, database: Path | None = None,
-         fresh: bool = False) -> Iterator[tuple[int, object]]:
+def fuzz(
+    capsules,
+    where: Sequence[Worker] | RayCluster,
+    *,
+    time_budget: float | None = None,
+    max_examples: int | None = None,
+    seed: int = 0,
+    database: Path | None = None,
+    fresh: bool = False,
+) -> Iterator[tuple[int, object]]:
     """(index in `capsules`, CapsuleFuzz) for each capsule as it finishes. The time budget is
     shared as in fuzz.fuzz: a capsule starting now gets the time left divided by the rounds of
     capsules left, a round being one capsule on every worker (or on every CPU or GPU of the cluster).
@@ -211,29 +226,40 @@ def fuzz(capsules, where: Sequence[Worker] | RayCluster, *, time_budget: float |
 
         def failed(task, reason):
             return _fuzz_failed(task, reason), {}
-        for index, (one, added) in _run_ray(where, work, enumerate(_fuzz_tasks(names, time_budget, where)), failed,
-                                            False):
+
+        for index, (one, added) in _run_ray(
+            where, work, enumerate(_fuzz_tasks(names, time_budget, where)), failed, False
+        ):
             if database is not None:
                 merge_database(database, added)
             yield index, one
     else:
         work = partial(_fuzz_one, max_examples=max_examples, seed=seed, database=database)
-        yield from _run_local(where, work, enumerate(_fuzz_tasks(names, time_budget, where)), _fuzz_failed,
-                              lambda one: fresh or one.poisoned or bool(one.error) or one.failure is not None)
+        yield from _run_local(
+            where,
+            work,
+            enumerate(_fuzz_tasks(names, time_budget, where)),
+            _fuzz_failed,
+            lambda one: fresh or one.poisoned or bool(one.error) or one.failure is not None,
+        )
 
 
 def replay(recorded, workers: Sequence[Worker]):
     """fuzz.replay of a saved failure in a worker process: a replayed wild store or hang costs the
     worker, not this process (a death is the replay's ERROR outcome)."""
+
     def failed(task, reason):
         from .fuzz import Outcome, ReplayResult
+
         return ReplayResult(recorded, workers[0].backend, Outcome(True, ("value", "ERROR", reason)))
+
     for _, result in _run_local(workers[:1], _replay_one, [(0, recorded)], failed, lambda result: True):
         return result
 
 
 def _replay_one(backend, recorded):
     from .fuzz import replay
+
     return replay(recorded, backend)
 
 
@@ -252,6 +278,7 @@ def read_costs() -> dict:
     import json
 
     from .kernels import cache_dir
+
     try:
         costs = json.loads((cache_dir() / COSTS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -264,6 +291,7 @@ def write_costs(costs: dict) -> None:
 
     from .kernels import cache_dir
     from .output_files import write_text_atomic
+
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
         write_text_atomic(cache_dir() / COSTS_FILE, json.dumps(costs, indent=1, sort_keys=True) + "\n")
@@ -274,6 +302,7 @@ def write_costs(costs: dict) -> None:
 def _verify_one(backend, name: str, **options):
     from .registry import lookup
     from .verify import verify_capsule
+
     return verify_capsule(lookup(name), backend, **options)
 
 
@@ -281,8 +310,11 @@ def _verify_failed(name: str, reason: str, *, checks, sanitize):
     """The report of a capsule whose worker ended without one: ERROR for every check asked for."""
     from .checks import CHECKS
     from .verify import CapsuleReport, Result, Status
-    why = (f"{reason}, while it verified this capsule; the run went on with the next one. To debug: "
-           f"capsules verify {name} --no-isolate (under gdb)")
+
+    why = (
+        f"{reason}, while it verified this capsule; the run went on with the next one. To debug: "
+        f"capsules verify {name} --no-isolate (under gdb)"
+    )
     wanted = [c for c in CHECKS if not checks or c in checks] + [f"sanitize.{tool}" for tool in sanitize]
     return CapsuleReport(name, tuple(Result(c, Status.ERROR, why) for c in wanted), 0.0)
 
@@ -300,14 +332,22 @@ def _fuzz_tasks(names: list[str], time_budget: float | None, where) -> Iterator[
 def _fuzz_one(backend, task: tuple[str, float], *, max_examples, seed, database):
     from .fuzz import fuzz_capsule
     from .registry import lookup
+
     name, seconds = task
-    return fuzz_capsule(lookup(name), backend, max_examples=max_examples, deadline=time.monotonic() + seconds,
-                        seed=seed, database=database)
+    return fuzz_capsule(
+        lookup(name),
+        backend,
+        max_examples=max_examples,
+        deadline=time.monotonic() + seconds,
+        seed=seed,
+        database=database,
+    )
 
 
 def _fuzz_failed(task: tuple[str, float], reason: str):
     from .fuzz import CapsuleFuzz
     from .registry import lookup
+
     name = task[0]
     return CapsuleFuzz(name, lookup(name).op.value, error=f"{reason} while it fuzzed this capsule")
 
@@ -316,6 +356,7 @@ def _fuzz_on_node(backend, task, *, max_examples, seed, snapshot: dict):
     """A fuzz task on a Ray node: a private copy of the driver's example database, and back the
     result with the entries the search added."""
     import tempfile
+
     with tempfile.TemporaryDirectory() as folder:
         merge_database(Path(folder), snapshot)
         one = _fuzz_one(backend, task, max_examples=max_examples, seed=seed, database=Path(folder))
@@ -334,6 +375,7 @@ def merge_database(folder: Path, entries: dict[str, bytes]) -> None:
     """Add entries to a Hypothesis directory database. Its files are named by the hash of their
     contents, so a union is a merge: existing files are kept, new ones written atomically."""
     import tempfile
+
     folder = Path(folder)
     for relative, contents in entries.items():
         parts = Path(relative).parts
@@ -354,6 +396,7 @@ def merge_database(folder: Path, entries: dict[str, bytes]) -> None:
 
 def open_backend(worker: Worker):
     from .backends.select import resolve
+
     return resolve(worker.backend, worker.device, launch_timeout=worker.launch_timeout)[0]
 
 
@@ -364,11 +407,13 @@ def _serve(connection, worker: Worker, work, breadcrumbs=None) -> None:
     import signal
 
     from .children import die_with_parent
+
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the parent's: it keeps what finished, then kills us
         signal.signal(stop, signal.SIG_IGN)
     die_with_parent()
     if breadcrumbs is not None:
         from . import activity
+
         activity.record_into(breadcrumbs)
     backend = None
     while (task := connection.recv()) is not None:
@@ -384,6 +429,7 @@ def _serve(connection, worker: Worker, work, breadcrumbs=None) -> None:
 
 def _death(exitcode: int | None) -> str:
     import signal
+
     if exitcode is None:
         return "the worker process stopped answering"
     if exitcode < 0:
@@ -391,7 +437,9 @@ def _death(exitcode: int | None) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        return f"the worker process was killed by {name}" + (" (kill -9, or the OOM killer)" if name == "SIGKILL" else "")
+        return f"the worker process was killed by {name}" + (
+            " (kill -9, or the OOM killer)" if name == "SIGKILL" else ""
+        )
     return f"the worker process exited with code {exitcode}"
 
 
@@ -406,8 +454,12 @@ class _Process:
         self.worker = worker
         self.connection, child = context.Pipe()
         self.breadcrumbs = context.RawArray("c", BREADCRUMB_BYTES)
-        self.process = context.Process(target=_serve, args=(child, worker, work, self.breadcrumbs), daemon=True,
-                                       name=f"capsules-worker-{worker.backend}-{worker.device}")
+        self.process = context.Process(
+            target=_serve,
+            args=(child, worker, work, self.breadcrumbs),
+            daemon=True,
+            name=f"capsules-worker-{worker.backend}-{worker.device}",
+        )
         self.process.start()
         child.close()
         self.held: tuple[int, object] | None = None
@@ -415,11 +467,13 @@ class _Process:
 
     def last_activity(self):
         from . import activity
+
         return activity.read(self.breadcrumbs)
 
     def check_hang(self, now: float) -> bool:
         """Kill the worker if its current launch has run HANG_GRACE past the launch timeout."""
         from .backends.emu import launch_timeout_from_env
+
         limit = self.worker.launch_timeout
         if limit is None:
             try:
@@ -468,8 +522,9 @@ class _Process:
         self.connection.close()
 
 
-def _run_local(workers: Sequence[Worker], work, items: Iterable[tuple[int, object]], failed,
-               retire) -> Iterator[tuple[int, object]]:
+def _run_local(
+    workers: Sequence[Worker], work, items: Iterable[tuple[int, object]], failed, retire
+) -> Iterator[tuple[int, object]]:
     """work(backend, task) for each task on one process per worker; yields (index, result) as
     each finishes. A process that ends without a result gives failed(task, why); it, and one
     whose result `retire` judges unsafe to follow, is replaced. (index, task) items are taken only
@@ -535,6 +590,7 @@ def _ray_task(backend: str, work, task):
 def _ray_slots(cluster: RayCluster) -> int:
     """Tasks the connected cluster runs at once: its GPUs on cuda, else its CPUs."""
     import ray
+
     return max(1, int(ray.cluster_resources().get("GPU" if cluster.backend == "cuda" else "CPU", 1)))
 
 
@@ -546,6 +602,7 @@ def _package():
     import tempfile
 
     from .kernels import cuda_source_dir
+
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "capsule_core"
         shutil.copytree(Path(__file__).resolve().parent, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -554,8 +611,9 @@ def _package():
         yield target
 
 
-def _run_ray(cluster: RayCluster, work, items: Iterable[tuple[int, object]], failed,
-             fresh: bool) -> Iterator[tuple[int, object]]:
+def _run_ray(
+    cluster: RayCluster, work, items: Iterable[tuple[int, object]], failed, fresh: bool
+) -> Iterator[tuple[int, object]]:
     """work(backend, task) as one Ray task per task, as many in flight as the cluster runs at
     once; yields (index, result) as each finishes, failed(task, why) for a task that raised or
     whose worker died."""
@@ -565,8 +623,13 @@ def _run_ray(cluster: RayCluster, work, items: Iterable[tuple[int, object]], fai
     with _package() as package:
         local = {"include_dashboard": False} if cluster.address == "local" else {}
         try:
-            ray.init(address=cluster.address, runtime_env={"py_modules": [str(package)]}, log_to_driver=False,
-                     logging_level=logging.ERROR, **local)
+            ray.init(
+                address=cluster.address,
+                runtime_env={"py_modules": [str(package)]},
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+                **local,
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise EnvironmentMissing(f"--ray {cluster.address}: cannot reach a Ray cluster: {exc}") from exc
     resources = {"num_gpus": 1} if cluster.backend == "cuda" else {"num_cpus": 1}

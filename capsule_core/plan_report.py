@@ -37,23 +37,39 @@ def _json_value(value):
 def _occupancy_record(occ) -> dict | None:
     if occ is None:
         return None
-    return {"fraction": occ.fraction, "blocks_per_sm": occ.blocks_per_sm, "active_warps": occ.active_warps,
-            "max_warps_per_sm": occ.max_warps_per_sm, "limiters": list(occ.limiters),
-            "blocks_per_sm_by": dict(occ.limits), "registers_per_block": occ.registers_per_block,
-            "shared_bytes_per_block": occ.shared_per_block, "refusal": occ.refusal}
+    return {
+        "fraction": occ.fraction,
+        "blocks_per_sm": occ.blocks_per_sm,
+        "active_warps": occ.active_warps,
+        "max_warps_per_sm": occ.max_warps_per_sm,
+        "limiters": list(occ.limiters),
+        "blocks_per_sm_by": dict(occ.limits),
+        "registers_per_block": occ.registers_per_block,
+        "shared_bytes_per_block": occ.shared_per_block,
+        "refusal": occ.refusal,
+    }
 
 
 def _launch_record(index: int, row) -> dict:
     res = row.resources
     return {
-        "index": index, "symbol": row.symbol, "source": row.source,
-        "grid": list(row.grid), "block": list(row.block), "blocks": row.blocks,
-        "threads_per_block": row.threads_per_block, "dynamic_shared_bytes": row.dynamic_shared,
+        "index": index,
+        "symbol": row.symbol,
+        "source": row.source,
+        "grid": list(row.grid),
+        "block": list(row.block),
+        "blocks": row.blocks,
+        "threads_per_block": row.threads_per_block,
+        "dynamic_shared_bytes": row.dynamic_shared,
         "arguments": dict(row.arguments),
         "registers": res.registers if res else None,
-        "spill_store_bytes": res.spill_stores if res else None, "spill_load_bytes": res.spill_loads if res else None,
-        "stack_bytes": res.stack_bytes if res else None, "static_shared_bytes": res.shared_bytes if res else None,
-        "occupancy": _occupancy_record(row.occupancy), "waves": row.waves, "sms_used": row.sms_used,
+        "spill_store_bytes": res.spill_stores if res else None,
+        "spill_load_bytes": res.spill_loads if res else None,
+        "stack_bytes": res.stack_bytes if res else None,
+        "static_shared_bytes": res.shared_bytes if res else None,
+        "occupancy": _occupancy_record(row.occupancy),
+        "waves": row.waves,
+        "sms_used": row.sms_used,
         "note": row.note,
     }
 
@@ -62,17 +78,37 @@ def plan_record(e, tool_version: str = "") -> dict:
     """The JSON document of `capsules plan --json`."""
     d, r = e.device, e.roofline
     return {
-        "schema": "capsules.plan", "schema_version": PLAN_SCHEMA_VERSION, "tool_version": tool_version,
-        "op": e.op, "capsule": e.capsule, "direction": e.direction,
-        "inputs": _json_value(e.inputs), "inferred": _json_value(e.inferred), "params": _json_value(e.params),
-        "outputs": _json_value(e.outputs), "aliases": dict(e.aliases),
-        "device": {"name": d.name, "arch": d.arch, "multiprocessors": d.multiprocessors, "origin": d.origin,
-                   "bandwidth_bytes_per_s": d.bandwidth, "bandwidth_basis": d.bandwidth_basis,
-                   "fma_flops_per_s": d.fma_peak, "fma_basis": d.fma_basis},
+        "schema": "capsules.plan",
+        "schema_version": PLAN_SCHEMA_VERSION,
+        "tool_version": tool_version,
+        "op": e.op,
+        "capsule": e.capsule,
+        "direction": e.direction,
+        "inputs": _json_value(e.inputs),
+        "inferred": _json_value(e.inferred),
+        "params": _json_value(e.params),
+        "outputs": _json_value(e.outputs),
+        "aliases": dict(e.aliases),
+        "device": {
+            "name": d.name,
+            "arch": d.arch,
+            "multiprocessors": d.multiprocessors,
+            "origin": d.origin,
+            "bandwidth_bytes_per_s": d.bandwidth,
+            "bandwidth_basis": d.bandwidth_basis,
+            "fma_flops_per_s": d.fma_peak,
+            "fma_basis": d.fma_basis,
+        },
         "launches": [_launch_record(i, row) for i, row in enumerate(e.launches)],
-        "roofline": {"bytes": r.bytes, "flops": r.flops, "basis": r.basis, "memory_seconds": r.memory_seconds,
-                     "compute_seconds": r.compute_seconds, "floor_seconds": r.floor_seconds,
-                     "bound": r.bound},
+        "roofline": {
+            "bytes": r.bytes,
+            "flops": r.flops,
+            "basis": r.basis,
+            "memory_seconds": r.memory_seconds,
+            "compute_seconds": r.compute_seconds,
+            "floor_seconds": r.floor_seconds,
+            "bound": r.bound,
+        },
         "problems": list(e.problems),
     }
 
@@ -107,19 +143,31 @@ def plan_rows(e) -> list[dict]:
     rows = []
     for i, row in enumerate(e.launches):
         res, occ = row.resources, row.occupancy
-        spills = "-" if res is None else (
-            "0" if not res.spill_stores + res.spill_loads else f"{res.spill_stores} st / {res.spill_loads} ld B")
-        rows.append({
-            "#": i, "kernel": row.symbol, "grid": _dims(row.grid), "block": _dims(row.block),
-            "dyn smem": _bytes(row.dynamic_shared), "static smem": "-" if res is None else _bytes(res.shared_bytes),
-            "regs": "-" if res is None else res.registers, "spills": spills,
-            "occupancy": "-" if occ is None else f"{100 * occ.fraction:.1f}% ({occ.active_warps}/{occ.max_warps_per_sm} warps)",
-            "blocks/SM": "-" if occ is None else occ.blocks_per_sm,
-            "limited by": "-" if occ is None or occ.refusal else "+".join(occ.limiters),
-            "SMs used": f"{row.sms_used}/{e.device.multiprocessors}",
-            "waves": "-" if row.waves is None else f"{row.waves:.2f}",
-            "note": row.note or "",
-        })
+        spills = (
+            "-"
+            if res is None
+            else ("0" if not res.spill_stores + res.spill_loads else f"{res.spill_stores} st / {res.spill_loads} ld B")
+        )
+        rows.append(
+            {
+                "#": i,
+                "kernel": row.symbol,
+                "grid": _dims(row.grid),
+                "block": _dims(row.block),
+                "dyn smem": _bytes(row.dynamic_shared),
+                "static smem": "-" if res is None else _bytes(res.shared_bytes),
+                "regs": "-" if res is None else res.registers,
+                "spills": spills,
+                "occupancy": "-"
+                if occ is None
+                else f"{100 * occ.fraction:.1f}% ({occ.active_warps}/{occ.max_warps_per_sm} warps)",
+                "blocks/SM": "-" if occ is None else occ.blocks_per_sm,
+                "limited by": "-" if occ is None or occ.refusal else "+".join(occ.limiters),
+                "SMs used": f"{row.sms_used}/{e.device.multiprocessors}",
+                "waves": "-" if row.waves is None else f"{row.waves:.2f}",
+                "note": row.note or "",
+            }
+        )
     return rows
 
 
@@ -130,13 +178,18 @@ def render_plan(e) -> str:
     by_sources: dict[tuple, list[str]] = {}
     for name, sources in e.inferred.items():
         by_sources.setdefault(sources, []).append(name)
-    inferred = "; ".join(f"{', '.join(names)} inferred from {', '.join(sources)}" for sources, names in by_sources.items())
+    inferred = "; ".join(
+        f"{', '.join(names)} inferred from {', '.join(sources)}" for sources, names in by_sources.items()
+    )
     params = ", ".join(f"{k}={_param(v)}" for k, v in e.params.items()) or "none"
     outputs = " ".join(f"{name}{_shape(shape)}" for name, shape in e.outputs.items())
-    lines = [f"plan {e.op} {e.direction} ({e.capsule}) on {d.name}, {d.arch}, {d.multiprocessors} SMs",
-             f"inputs: {inputs}{f' ({inferred})' if inferred else ''}; params: {params}",
-             f"outputs: {outputs}" + "".join(f"; {out} is {src}'s memory" for out, src in e.aliases.items()),
-             f"device: {d.origin}", ""]
+    lines = [
+        f"plan {e.op} {e.direction} ({e.capsule}) on {d.name}, {d.arch}, {d.multiprocessors} SMs",
+        f"inputs: {inputs}{f' ({inferred})' if inferred else ''}; params: {params}",
+        f"outputs: {outputs}" + "".join(f"; {out} is {src}'s memory" for out, src in e.aliases.items()),
+        f"device: {d.origin}",
+        "",
+    ]
     rows = plan_rows(e)
     if rows:
         if not any(row["note"] for row in rows):
@@ -151,11 +204,15 @@ def render_plan(e) -> str:
     if r.flops is None:
         lines += [f"roofline floor: {_seconds(r.floor_seconds)}, memory only (from {r.basis})", f"  memory:  {memory}"]
     else:
-        lines += [f"roofline floor: {_seconds(r.floor_seconds)}, {r.bound}-bound (from {r.basis})",
-                  f"  memory:  {memory}",
-                  f"  compute: {_si(r.flops, 'FLOP')} / {_si(d.fma_peak, 'FLOP/s')} ({d.fma_basis}) = "
-                  f"{_seconds(r.compute_seconds)}"]
-    lines.append(f"occupancy: the CUDA occupancy calculator's rules for {d.arch}; "
-                 f"waves = blocks / (blocks per SM x {d.multiprocessors} SMs)")
+        lines += [
+            f"roofline floor: {_seconds(r.floor_seconds)}, {r.bound}-bound (from {r.basis})",
+            f"  memory:  {memory}",
+            f"  compute: {_si(r.flops, 'FLOP')} / {_si(d.fma_peak, 'FLOP/s')} ({d.fma_basis}) = "
+            f"{_seconds(r.compute_seconds)}",
+        ]
+    lines.append(
+        f"occupancy: the CUDA occupancy calculator's rules for {d.arch}; "
+        f"waves = blocks / (blocks per SM x {d.multiprocessors} SMs)"
+    )
     lines += [f"PROBLEM: {p}" for p in e.problems]
     return "\n".join(lines)

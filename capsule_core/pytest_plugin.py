@@ -23,19 +23,39 @@ ROOT = "capsules"
 
 def pytest_addoption(parser):
     group = parser.getgroup("capsules", "capsule verification (capsules verify as test items)")
-    group.addoption("--capsules", metavar="NAMES", default=None,
-                    help="verify these capsules as test items: 'all' or a comma list of capsule or op names")
-    group.addoption("--capsules-backend", choices=("auto", "cuda", "emu", "numpy"), default="auto",
-                    help="auto: cuda when a GPU answers, else the emulator, else numpy (default: auto)")
-    group.addoption("--capsules-quick", action="store_true", default=False,
-                    help="small samples and edges only (a CI smoke run)")
-    group.addoption("--capsules-seed", type=int, default=0, help="seed of the sample inputs and cotangents (default: 0)")
-    group.addoption("--capsules-no-isolate", action="store_true", default=False,
-                    help="run the kernels in the pytest process (default on emu and cuda: in a worker process, "
-                         "so that a kernel that crashes or hangs fails its own capsule's items only)")
-    group.addoption("--capsules-launch-timeout", type=float, default=None, metavar="SECONDS",
-                    help="the emulator's watchdog: a launch running longer is ended as hung "
-                         "(default 120, or CAPSULES_LAUNCH_TIMEOUT; 0: none)")
+    group.addoption(
+        "--capsules",
+        metavar="NAMES",
+        default=None,
+        help="verify these capsules as test items: 'all' or a comma list of capsule or op names",
+    )
+    group.addoption(
+        "--capsules-backend",
+        choices=("auto", "cuda", "emu", "numpy"),
+        default="auto",
+        help="auto: cuda when a GPU answers, else the emulator, else numpy (default: auto)",
+    )
+    group.addoption(
+        "--capsules-quick", action="store_true", default=False, help="small samples and edges only (a CI smoke run)"
+    )
+    group.addoption(
+        "--capsules-seed", type=int, default=0, help="seed of the sample inputs and cotangents (default: 0)"
+    )
+    group.addoption(
+        "--capsules-no-isolate",
+        action="store_true",
+        default=False,
+        help="run the kernels in the pytest process (default on emu and cuda: in a worker process, "
+        "so that a kernel that crashes or hangs fails its own capsule's items only)",
+    )
+    group.addoption(
+        "--capsules-launch-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the emulator's watchdog: a launch running longer is ended as hung "
+        "(default 120, or CAPSULES_LAUNCH_TIMEOUT; 0: none)",
+    )
 
 
 def pytest_configure(config):
@@ -44,8 +64,9 @@ def pytest_configure(config):
         return
     timeout = config.getoption("capsules_launch_timeout")
     if timeout is not None and not 0 <= timeout < math.inf:
-        raise pytest.UsageError(f"--capsules-launch-timeout: must be a number of seconds >= 0 (0: no watchdog), "
-                                f"got {timeout:g}")
+        raise pytest.UsageError(
+            f"--capsules-launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {timeout:g}"
+        )
     config.pluginmanager.register(CapsuleVerification(config, _capsules(names)), "capsules-verification")
 
 
@@ -54,6 +75,7 @@ def _capsules(names: str) -> list:
     from .errors import UnknownNameError
     from .native_cuda import CAPSULES
     from .registry import lookup
+
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
         raise pytest.UsageError("--capsules: give 'all' or a comma list of capsule or op names")
@@ -97,6 +119,7 @@ class CapsuleVerification:
         """(backend, note); EnvironmentMissing for a backend this machine cannot run."""
         if self._backend is None:
             from .backends.select import resolve
+
             self._backend = resolve(self.backend_name, launch_timeout=self.launch_timeout)
         return self._backend
 
@@ -107,17 +130,23 @@ class CapsuleVerification:
         if capsule.name not in self._reports:
             from . import parallel
             from .verify import verify_capsule
+
             backend, _ = self.backend()
             checks = self._checks(capsule, session)
             workers = parallel.contained(backend.name, 0, self.launch_timeout) if self.isolate else ()
             if not workers:
-                self._reports[capsule.name] = verify_capsule(capsule, backend, quick=self.quick, seed=self.seed,
-                                                             checks=checks)
+                self._reports[capsule.name] = verify_capsule(
+                    capsule, backend, quick=self.quick, seed=self.seed, checks=checks
+                )
                 return self._reports[capsule.name]
             if checks not in self._contained:
-                sharing = [c for c in self.capsules if c.name not in self._reports and self._checks(c, session) == checks]
-                self._contained[checks] = (sharing, parallel.verify(sharing, workers, quick=self.quick, seed=self.seed,
-                                                                    checks=checks))
+                sharing = [
+                    c for c in self.capsules if c.name not in self._reports and self._checks(c, session) == checks
+                ]
+                self._contained[checks] = (
+                    sharing,
+                    parallel.verify(sharing, workers, quick=self.quick, seed=self.seed, checks=checks),
+                )
             sharing, reports = self._contained[checks]
             for index, one in reports:
                 self._reports[sharing[index].name] = one
@@ -127,8 +156,9 @@ class CapsuleVerification:
 
     @staticmethod
     def _checks(capsule, session) -> tuple:
-        return tuple(dict.fromkeys(i.check for i in session.items
-                                   if isinstance(i, CapsuleCheckItem) and i.capsule is capsule))
+        return tuple(
+            dict.fromkeys(i.check for i in session.items if isinstance(i, CapsuleCheckItem) and i.capsule is capsule)
+        )
 
     def pytest_sessionfinish(self, session):
         """End the worker processes."""
@@ -136,8 +166,10 @@ class CapsuleVerification:
             reports.close()
 
     def pytest_report_header(self, config):
-        return (f"capsules: {len(self.capsules)} capsule(s) on backend {self.backend_name}"
-                f"{' (quick)' if self.quick else ''}, seed {self.seed}")
+        return (
+            f"capsules: {len(self.capsules)} capsule(s) on backend {self.backend_name}"
+            f"{' (quick)' if self.quick else ''}, seed {self.seed}"
+        )
 
     def pytest_terminal_summary(self, terminalreporter):
         if self._backend is not None:
@@ -149,9 +181,13 @@ class CapsulesCollector(pytest.Collector):
 
     def collect(self):
         from .checks import CHECKS
+
         plugin = self.config.pluginmanager.get_plugin("capsules-verification")
-        return [CapsuleCheckItem.from_parent(self, name=f"{_short(c)}::{check}", capsule=c, check=check)
-                for c in plugin.capsules for check in CHECKS]
+        return [
+            CapsuleCheckItem.from_parent(self, name=f"{_short(c)}::{check}", capsule=c, check=check)
+            for c in plugin.capsules
+            for check in CHECKS
+        ]
 
 
 class CheckFailed(Exception):
@@ -165,6 +201,7 @@ class CapsuleCheckItem(pytest.Item):
 
     def runtest(self):
         from .errors import EnvironmentMissing
+
         plugin = self.config.pluginmanager.get_plugin("capsules-verification")
         try:
             report = plugin.report(self.capsule, self.session)
@@ -175,8 +212,10 @@ class CapsuleCheckItem(pytest.Item):
         if status in ("FAILED", "ERROR"):
             measured = result.worst is not None and math.isfinite(result.worst)
             worst = f" (worst {result.worst:.3g} of the bound)" if measured else ""
-            rerun = result.repro or (f"capsules verify {_short(self.capsule)} --check {self.check} "
-                                     f"--seed {plugin.seed} --backend {plugin.backend()[0].name}")
+            rerun = result.repro or (
+                f"capsules verify {_short(self.capsule)} --check {self.check} "
+                f"--seed {plugin.seed} --backend {plugin.backend()[0].name}"
+            )
             raise CheckFailed(f"{status} {self.capsule.name} {self.check}: {result.reason}{worst}\n    rerun: {rerun}")
         if status == "SKIPPED":
             pytest.skip(result.reason)

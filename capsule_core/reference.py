@@ -13,21 +13,25 @@ from __future__ import annotations
 
 def forward(op: str, inputs: dict, **params):
     from .cpu_providers import REFERENCE
+
     return REFERENCE.forward(op, inputs, **params)
 
 
 def vjp(op: str, inputs: dict, cotangent, **params) -> dict:
     from .cpu_providers import REFERENCE
+
     return REFERENCE.vjp(op, inputs, cotangent, **params)
 
 
 def magnitude(op: str, inputs: dict, **params):
     from .cpu_providers import REFERENCE
+
     return REFERENCE.magnitude(op, inputs, **params)
 
 
 def vjp_magnitude(op: str, inputs: dict, cotangent, **params) -> dict:
     from .cpu_providers import REFERENCE
+
     return REFERENCE.vjp_magnitude(op, inputs, cotangent, **params)
 
 
@@ -43,17 +47,26 @@ def _reference_capsule(native):
 
     value_evidence = ContractEvidence.test_suite("tests/test_ops_contract.py")
     return replace(
-        native, name=f"{Provider.REFERENCE.value}.{native.op.value}", provider=Provider.REFERENCE, device=Device.CPU,
-        shape=cpu(native.shape), layout_contract=cpu(native.layout_contract),
+        native,
+        name=f"{Provider.REFERENCE.value}.{native.op.value}",
+        provider=Provider.REFERENCE,
+        device=Device.CPU,
+        shape=cpu(native.shape),
+        layout_contract=cpu(native.layout_contract),
         value=cpu(native.value, value_evidence),
-        vjp=cpu(native.vjp, native.vjp.evidence if not native.vjp.evidence.detail
-                else ContractEvidence.test_suite("verify:vjp.reference")),
+        vjp=cpu(
+            native.vjp,
+            native.vjp.evidence
+            if not native.vjp.evidence.detail
+            else ContractEvidence.test_suite("verify:vjp.reference"),
+        ),
         description=f"float64 numpy reference of {native.op.value} (capsule_core.ops.{native.family}).",
     )
 
 
 def _build_capsules():
     from .native_cuda import CAPSULES as NATIVE
+
     return tuple(_reference_capsule(c) for c in NATIVE)
 
 

@@ -37,11 +37,14 @@ def validate_catalog(capsules) -> tuple[KernelCapsule, ...]:
         key = (c.op, c.provider, c.device)
         twin = identities.get(key)
         if twin is not None and same_identity(twin, c):
-            raise RegistryError(f"{c.name} and {twin.name} have the same identity "
-                                f"({c.op.value}, {c.provider.value}, {c.device.value})")
+            raise RegistryError(
+                f"{c.name} and {twin.name} have the same identity ({c.op.value}, {c.provider.value}, {c.device.value})"
+            )
         if not contracts_aligned(c):
-            raise RegistryError(f"{c.name}: contracts are not aligned (each descriptor must state its own "
-                                f"obligation, the layout claim must be the layout, the VJP claim the VJP mode)")
+            raise RegistryError(
+                f"{c.name}: contracts are not aligned (each descriptor must state its own "
+                f"obligation, the layout claim must be the layout, the VJP claim the VJP mode)"
+            )
         names.add(c.name)
         identities[key] = c
     return tuple(capsules)
@@ -66,20 +69,30 @@ def parse_op(name: str) -> BackendOp:
     try:
         return BackendOp(name)
     except ValueError:
-        raise UnknownNameError("op", name, tuple(difflib.get_close_matches(
-            name, [o.value for o in BackendOp], n=3, cutoff=0.6))) from None
+        raise UnknownNameError(
+            "op", name, tuple(difflib.get_close_matches(name, [o.value for o in BackendOp], n=3, cutoff=0.6))
+        ) from None
 
 
-def filter_capsules(module: str | None = None, family: str | None = None, vjp: VJPMode | None = None,
-                    reduction: ReductionPolicy | None = None) -> list[KernelCapsule]:
+def filter_capsules(
+    module: str | None = None,
+    family: str | None = None,
+    vjp: VJPMode | None = None,
+    reduction: ReductionPolicy | None = None,
+) -> list[KernelCapsule]:
     if module is not None and module not in MODULES:
         raise UnknownNameError("module", module, tuple(difflib.get_close_matches(module, MODULES, n=2)))
     families = sorted(set(native_cuda.FAMILIES.values()))
     if family is not None and family not in families:
         raise UnknownNameError("family", family, tuple(difflib.get_close_matches(family, families, n=2)))
-    return [c for c in CATALOG
-            if (module is None or c.module == module) and (family is None or c.family == family)
-            and (vjp is None or c.vjp_mode is vjp) and (reduction is None or c.numerical_policy.reduction is reduction)]
+    return [
+        c
+        for c in CATALOG
+        if (module is None or c.module == module)
+        and (family is None or c.family == family)
+        and (vjp is None or c.vjp_mode is vjp)
+        and (reduction is None or c.numerical_policy.reduction is reduction)
+    ]
 
 
 @dataclass(frozen=True)

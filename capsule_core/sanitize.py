@@ -39,8 +39,14 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 _BASE = tuple(f for f in HOST_FLAGS if f not in ("-O2", "-shared", "-fsanitize=alignment", "-fstack-clash-protection"))
 TOOL_FLAGS = {
-    "memcheck": (*_BASE, "-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                 "-DCAPSULE_EMU_SANITIZE"),
+    "memcheck": (
+        *_BASE,
+        "-O0",
+        "-g",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-DCAPSULE_EMU_SANITIZE",
+    ),
     "racecheck": (*_BASE, "-O0", "-g", "-fsanitize=thread", "-DCAPSULE_EMU_SANITIZE", "-DCAPSULE_EMU_TSAN"),
     "initcheck": (*_BASE, "-O1", "-g", "-DCAPSULE_EMU_SANITIZE", "-DCAPSULE_EMU_VALGRIND"),
 }
@@ -51,13 +57,23 @@ which the full mode's 1024^3 GEMMs need; valgrind's manual names -O1 as the leve
 uninitialised-value reports stay rare. synccheck needs no build of its own: the emulator's barrier
 bookkeeping is in every build (it runs on the emu backend's)."""
 TOOL_ENV = {
-    "memcheck": {"ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=66:detect_stack_use_after_return=0",
-                 "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=66"},
+    "memcheck": {
+        "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=66:detect_stack_use_after_return=0",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=66",
+    },
     "racecheck": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:report_signal_unsafe=0:history_size=4"},
     "initcheck": {},
 }
-VALGRIND_ARGS = ("--tool=memcheck", "--error-exitcode=66", "--track-origins=yes", "--undef-value-errors=yes",
-                 "--leak-check=no", "--max-stackframe=8388608", "--num-callers=8", "-q")
+VALGRIND_ARGS = (
+    "--tool=memcheck",
+    "--error-exitcode=66",
+    "--track-origins=yes",
+    "--undef-value-errors=yes",
+    "--leak-check=no",
+    "--max-stackframe=8388608",
+    "--num-callers=8",
+    "-q",
+)
 """Valgrind runs to the end: its address errors (Invalid read/write) are memcheck's findings, not
 initcheck's; only uninitialised values are."""
 TIMEOUT_S = 600
@@ -100,8 +116,14 @@ class SanitizerFinding(CapsuleError):
 def runner_path(family: str, tool: str, family_dir: Path | None = None, refs=None) -> Path:
     """The family's runner built for `tool` (content-hash cached like every emulator build);
     `family_dir` and `refs` as for capsule_core.backends.emu.build_family."""
-    return build_family(family, flags=TOOL_FLAGS[tool], extra_source='#include "capsule_emu_runner.h"\n',
-                        output=f"runner-{tool}", family_dir=family_dir, refs=refs).path
+    return build_family(
+        family,
+        flags=TOOL_FLAGS[tool],
+        extra_source='#include "capsule_emu_runner.h"\n',
+        output=f"runner-{tool}",
+        family_dir=family_dir,
+        refs=refs,
+    ).path
 
 
 def unavailable(tool: str) -> str | None:
@@ -190,11 +212,12 @@ class SanitizedBackend(DeviceBackend):
 
     def download(self, data: np.ndarray, address: int):
         ident, offset = divmod(address, self._SPAN)
-        raw = self._results[ident][offset:offset + data.nbytes]
+        raw = self._results[ident][offset : offset + data.nbytes]
         data.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
 
     def launch(self, ref, grid, block, shared_bytes, args):
         from pathlib import PurePosixPath
+
         family = PurePosixPath(ref.path).stem
         if self._family not in (None, family):
             raise ValueError("one plan, one kernel family")
@@ -227,8 +250,10 @@ class SanitizedBackend(DeviceBackend):
                     Path(source).write_bytes(contents)
                 lines.append(f"buffer {ident} {nbytes} {source}")
             for symbol, grid, block, shared, words in launches:
-                lines.append(f"launch {symbol} {' '.join(map(str, grid))} {' '.join(map(str, block))} {shared} "
-                             f"{len(words)} {' '.join(words)}")
+                lines.append(
+                    f"launch {symbol} {' '.join(map(str, grid))} {' '.join(map(str, block))} {shared} "
+                    f"{len(words)} {' '.join(words)}"
+                )
             for ident in self._buffers:
                 lines.append(f"dump {ident} {work / f'out{ident}.bin'}")
             (work / "script").write_text("\n".join(lines) + "\n")
@@ -237,13 +262,24 @@ class SanitizedBackend(DeviceBackend):
             if self.tool == "initcheck":
                 command = ["valgrind", *VALGRIND_ARGS, *command]
             try:
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=limit,
-                                      env={**os.environ, **TOOL_ENV[self.tool]}, preexec_fn=die_with_parent)
+                proc = subprocess.run(
+                    command,
+                    capture_output=True,
+                    text=True,
+                    timeout=limit,
+                    env={**os.environ, **TOOL_ENV[self.tool]},
+                    preexec_fn=die_with_parent,
+                )
             except subprocess.TimeoutExpired:
-                raise KernelFault(f"the {self.tool} run of {launches[0][0]} did not finish in {limit:g} s "
-                                  f"(--sanitize-timeout)") from None
-            address_errors_only = (self.tool == "initcheck" and proc.returncode == 66
-                                   and "ninitialised" not in proc.stderr and "capsule-emu: error" not in proc.stderr)
+                raise KernelFault(
+                    f"the {self.tool} run of {launches[0][0]} did not finish in {limit:g} s (--sanitize-timeout)"
+                ) from None
+            address_errors_only = (
+                self.tool == "initcheck"
+                and proc.returncode == 66
+                and "ninitialised" not in proc.stderr
+                and "capsule-emu: error" not in proc.stderr
+            )
             if proc.returncode != 0 and not address_errors_only:
                 raise _failure(self.tool, proc.stderr, proc.returncode, self.names)
             self._results = {ident: (work / f"out{ident}.bin").read_bytes() for ident in self._buffers}
@@ -295,7 +331,9 @@ def _race_accesses(report: str) -> list[str]:
     """Each access of a TSan data race: "write at FILE:LINE by block (..) thread (..)"."""
     names = dict(re.findall(r"Thread (T\d+) '([^']*)'", report))
     out = []
-    for m in re.finditer(r"(?:Previous )?(write|read|Write|Read)[^\n]* by thread (T\d+)[^\n]*:\n((?:\s+#[^\n]*\n)+)", report):
+    for m in re.finditer(
+        r"(?:Previous )?(write|read|Write|Read)[^\n]* by thread (T\d+)[^\n]*:\n((?:\s+#[^\n]*\n)+)", report
+    ):
         lines = _source_lines(m.group(3), 1)
         who = names.get(m.group(2), m.group(2))
         out.append(f"{m.group(1).lower()} at {lines[0] if lines else '?'} by {who}")
@@ -307,13 +345,21 @@ def _memcheck_summary(stderr: str, names: dict) -> str | None:
     if "ERROR: AddressSanitizer" in stderr:
         kind = re.search(r"ERROR: AddressSanitizer: (\S+)", stderr).group(1)
         access = re.search(r"(READ|WRITE) of size (\d+) at 0x([0-9a-f]+)", stderr)
-        what = (f"{access.group(1).lower()} of {access.group(2)} bytes at "
-                f"{_buffer_at(stderr, int(access.group(3), 16), names)}") if access else "an invalid access"
+        what = (
+            (
+                f"{access.group(1).lower()} of {access.group(2)} bytes at "
+                f"{_buffer_at(stderr, int(access.group(3), 16), names)}"
+            )
+            if access
+            else "an invalid access"
+        )
         lines = _source_lines(stderr, 1)
         return f"{kind}: {what}" + (f" in {where}" if where else "") + (f" at {lines[0]}" if lines else "")
     if "runtime error:" in stderr:
         m = re.search(r"(\S+?):(\d+):\d+: runtime error: (.+)", stderr)
-        summary = f"undefined behaviour: {m.group(3)} at {Path(m.group(1)).name}:{m.group(2)}" if m else "undefined behaviour"
+        summary = (
+            f"undefined behaviour: {m.group(3)} at {Path(m.group(1)).name}:{m.group(2)}" if m else "undefined behaviour"
+        )
         return summary + (f" in {where}" if where else "")
     return None
 
@@ -332,9 +378,16 @@ def _racecheck_summary(stderr: str, names: dict) -> str | None:
 def _initcheck_summary(stderr: str, names: dict) -> str | None:
     if "ninitialised" not in stderr:
         return None
-    origin = ("a workspace or output" if "heap allocation" in stderr else
-              "shared memory" if "client request" in stderr else "memory no one wrote")
-    use = re.search(r"== (Conditional jump or move depends on uninitialised value\(s\)|Use of uninitialised value[^\n]*)", stderr)
+    origin = (
+        "a workspace or output"
+        if "heap allocation" in stderr
+        else "shared memory"
+        if "client request" in stderr
+        else "memory no one wrote"
+    )
+    use = re.search(
+        r"== (Conditional jump or move depends on uninitialised value\(s\)|Use of uninitialised value[^\n]*)", stderr
+    )
     at = re.search(r"Address 0x([0-9a-f]+) is (\d+) bytes inside a block of size (\d+)", stderr)
     if at and not use:
         summary = f"{_buffer_at(stderr, int(at.group(1), 16), names)} holds bytes read from {origin} that no one wrote"
@@ -374,26 +427,62 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
     in a child process under `--tool TOOL`; its first error becomes the finding. SKIPPED where it
     is not on PATH or refuses the device."""
     import sys
+
     binary = shutil.which("compute-sanitizer")
     if binary is None:
         return GpuSanitizerOutcome("skipped", "compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
-    command = [binary, "--tool", tool, "--error-exitcode", "66", sys.executable, "-m", "cli", "verify", op,
-               "--backend", "cuda", "--no-isolate", "--check", "value", "--check", "vjp", "--seed", str(seed),
-               *(["--quick"] if quick else []), *(["--case", case] if case else [])]
+    command = [
+        binary,
+        "--tool",
+        tool,
+        "--error-exitcode",
+        "66",
+        sys.executable,
+        "-m",
+        "cli",
+        "verify",
+        op,
+        "--backend",
+        "cuda",
+        "--no-isolate",
+        "--check",
+        "value",
+        "--check",
+        "vjp",
+        "--seed",
+        str(seed),
+        *(["--quick"] if quick else []),
+        *(["--case", case] if case else []),
+    ]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=run_limit(),
-                              env={**os.environ, "CAPSULES_PROGRESS": "0"}, preexec_fn=die_with_parent)
+        proc = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=run_limit(),
+            env={**os.environ, "CAPSULES_PROGRESS": "0"},
+            preexec_fn=die_with_parent,
+        )
     except subprocess.TimeoutExpired:
-        return GpuSanitizerOutcome("skipped", f"compute-sanitizer did not finish in {run_limit():g} s "
-                                              f"(--sanitize-timeout)")
+        return GpuSanitizerOutcome(
+            "skipped", f"compute-sanitizer did not finish in {run_limit():g} s (--sanitize-timeout)"
+        )
     text = proc.stdout + proc.stderr
-    errors = [line[len("========= "):].strip() for line in text.splitlines()
-              if line.startswith("========= ") and not line.startswith("========= COMPUTE-SANITIZER")]
+    errors = [
+        line[len("========= ") :].strip()
+        for line in text.splitlines()
+        if line.startswith("========= ") and not line.startswith("========= COMPUTE-SANITIZER")
+    ]
     if proc.returncode == 66 and errors:
         located = next((e for e in errors if re.search(r"\.cuh?:\d+", e)), "")
-        return GpuSanitizerOutcome("finding", f"{errors[0]}" + (f" ({located})" if located and located != errors[0] else ""), text)
-    refused = re.search(r"(Error: .*|Target application terminated before first instrumented API call.*|"
-                        r"Device not supported.*|unable to .*)", text)
+        return GpuSanitizerOutcome(
+            "finding", f"{errors[0]}" + (f" ({located})" if located and located != errors[0] else ""), text
+        )
+    refused = re.search(
+        r"(Error: .*|Target application terminated before first instrumented API call.*|"
+        r"Device not supported.*|unable to .*)",
+        text,
+    )
     if proc.returncode not in (0, 1) or refused:
         why = refused.group(1) if refused else (text.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return GpuSanitizerOutcome("skipped", f"compute-sanitizer could not run on this device: {why}", text)

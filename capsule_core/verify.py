@@ -99,6 +99,7 @@ class VerifyReport:
 def interrupted_exit_code(signal_name: str) -> int:
     """128 + the number of the signal that stopped a run (SIGINT when none is named)."""
     import signal
+
     return 128 + int(getattr(signal, signal_name or "SIGINT", signal.SIGINT))
 
 
@@ -134,6 +135,7 @@ def _has_special(sample: Sample) -> bool:
     def special(a):
         a = np.asarray(a)
         return a.dtype.kind == "f" and a.size > 0 and bool(np.any(~np.isfinite(a) | ((a == 0) & np.signbit(a))))
+
     return any(special(v) if not isinstance(v, tuple) else any(special(x) for x in v) for v in sample.inputs.values())
 
 
@@ -161,22 +163,32 @@ def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
     """The op's own code in float32 on the case's inputs, forward and VJP (the gradients keyed
     like case.r_grads): what numerics.out_of_model judges each element by."""
     from .cpu_providers import REFERENCE
+
     params = working_params(case.params, np.float32)
 
     def evaluate(function):
         flags = []
         try:
-            with np.errstate(over="call", divide="ignore", invalid="ignore", under="ignore",
-                             call=lambda kind, flag: flags.append(kind)):
+            with np.errstate(
+                over="call",
+                divide="ignore",
+                invalid="ignore",
+                under="ignore",
+                call=lambda kind, flag: flags.append(kind),
+            ):
                 return function(), bool(flags)
         except Exception:
             return None, False
 
     finite_m, finite_m_grads = case.m, case.m_grads
     if not all(a.dtype.kind != "f" or np.isfinite(a).all() for a in _flat(case.arrays)):
+
         def zeroed(a):
             return np.where(np.isfinite(a), a, np.float32(0)) if a.dtype.kind == "f" else a
-        arrays = {k: (tuple(zeroed(x) for x in v) if isinstance(v, tuple) else zeroed(v)) for k, v in case.arrays.items()}
+
+        arrays = {
+            k: (tuple(zeroed(x) for x in v) if isinstance(v, tuple) else zeroed(v)) for k, v in case.arrays.items()
+        }
         try:
             finite_m = REFERENCE.magnitude(spec, arrays, **case.sample.params)
             if spec.has_vjp:
@@ -247,6 +259,7 @@ class _Run:
 
     def prepare(self, sample: Sample) -> _Case:
         from .cpu_providers import REFERENCE
+
         spec = self.spec
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         r = REFERENCE.forward(spec, arrays, **sample.params)
@@ -283,8 +296,10 @@ class _Run:
                 given = _copy_inputs(case.arrays)
                 g = case.g.copy()
                 run = self.backend.backward(self.spec, given, dict(case.sample.params), g, grads)
-                case.grads = {k: (tuple(x.view.copy() for x in v) if isinstance(v, tuple) else v.view.copy())
-                              for k, v in grads.items()}
+                case.grads = {
+                    k: (tuple(x.view.copy() for x in v) if isinstance(v, tuple) else v.view.copy())
+                    for k, v in grads.items()
+                }
                 for k, v in grads.items():
                     case.outputs += [(f"d{k}", x) for x in (v if isinstance(v, tuple) else (v,))]
                 case.overruns += [(f"backward {name}", n) for name, n in run.overruns.items()]
@@ -305,7 +320,16 @@ class _Run:
         """Run `pairs(case) -> [(label, y, r, m, model, n, worst_case, float32 run)]` over cases;
         the worst ratio decides; MISTRUSTED when no case could tell the output from all zeros.
         Elements out of model (judged by the float32 run, when given) are counted, not compared."""
-        worst, worst_case, failure, crash, discriminating, counted, uncompared, compared = 0.0, None, None, None, 0, 0, 0, 0
+        worst, worst_case, failure, crash, discriminating, counted, uncompared, compared = (
+            0.0,
+            None,
+            None,
+            None,
+            0,
+            0,
+            0,
+            0,
+        )
         for case in cases:
             if case.error:
                 crash = crash or case
@@ -323,24 +347,51 @@ class _Run:
                 if c.worst >= worst:
                     worst, worst_case = c.worst, case.sample.case
         if failure is None and crash is not None:
-            return Result(check, _crash_status(crash), crash.error, case=crash.sample.case,
-                          repro=self.repro(check, crash.sample.case))
+            return Result(
+                check,
+                _crash_status(crash),
+                crash.error,
+                case=crash.sample.case,
+                repro=self.repro(check, crash.sample.case),
+            )
         if counted == 0:
             return Result(check, Status.SKIPPED, "no case applies")
         if failure:
             case, label, c = failure
-            return Result(check, Status.FAILED, f"{label} {case.sample.summary()}: {c.reason}", c.worst,
-                          case.sample.case, counted, self.repro(check, case.sample.case), uncompared)
+            return Result(
+                check,
+                Status.FAILED,
+                f"{label} {case.sample.summary()}: {c.reason}",
+                c.worst,
+                case.sample.case,
+                counted,
+                self.repro(check, case.sample.case),
+                uncompared,
+            )
         if discriminating == 0:
-            why = ("every reference was degenerate: an all-zero output passes too" if compared or not uncompared
-                   else "every element was out of model: none was compared")
+            why = (
+                "every reference was degenerate: an all-zero output passes too"
+                if compared or not uncompared
+                else "every element was out of model: none was compared"
+            )
             return Result(check, Status.MISTRUSTED, why, worst, worst_case, counted, self.repro(check), uncompared)
         return Result(check, Status.PASSED, "", worst, worst_case, counted, self.repro(check), uncompared)
 
     def forward_pairs(self, worst_case_bound: bool = False):
         def pairs(case):
-            return [("y", case.y, case.r, case.m, self.spec.error, case.n, case.sample.worst_case or worst_case_bound,
-                     case.f32)]
+            return [
+                (
+                    "y",
+                    case.y,
+                    case.r,
+                    case.m,
+                    self.spec.error,
+                    case.n,
+                    case.sample.worst_case or worst_case_bound,
+                    case.f32,
+                )
+            ]
+
         return pairs
 
     def vjp_pairs(self, case):
@@ -380,6 +431,7 @@ class _Run:
 
     def check_vjp_reference(self) -> Result:
         from . import gradcheck
+
         if not self.spec.has_vjp:
             return Result("vjp.reference", Status.SKIPPED, "VJP mode none: nothing to check")
         samples = self.spec.samples("small", seeded_rng(self.spec.name, "small", self.seed))
@@ -392,10 +444,24 @@ class _Run:
                 count += 1
                 worst = max(worst, r.worst)
                 if not r.passed:
-                    return Result("vjp.reference", Status.FAILED, f"{test.__name__} on {sample.case}: {r.detail}",
-                                  r.worst, sample.case, count, self.repro("vjp.reference", sample.case))
-        return Result("vjp.reference", Status.PASSED, "finite differences and the adjoint identity", worst, None, count,
-                      self.repro("vjp.reference"))
+                    return Result(
+                        "vjp.reference",
+                        Status.FAILED,
+                        f"{test.__name__} on {sample.case}: {r.detail}",
+                        r.worst,
+                        sample.case,
+                        count,
+                        self.repro("vjp.reference", sample.case),
+                    )
+        return Result(
+            "vjp.reference",
+            Status.PASSED,
+            "finite differences and the adjoint identity",
+            worst,
+            None,
+            count,
+            self.repro("vjp.reference"),
+        )
 
     def check_reduction_order(self) -> Result:
         """The numerical policy on the op's order inputs (sums whose value depends on the order:
@@ -407,7 +473,9 @@ class _Run:
         if policy is ReductionPolicy.NOT_APPLICABLE:
             return Result(check, Status.SKIPPED, "no reduction (policy n/a)")
         if self.spec.order_inputs is None:
-            return Result(check, Status.SKIPPED, self.spec.extra.get("no_order_inputs", "the op defines no order inputs"))
+            return Result(
+                check, Status.SKIPPED, self.spec.extra.get("no_order_inputs", "the op defines no order inputs")
+            )
         fixed_left = policy is ReductionPolicy.FIXED_LEFT
         if fixed_left and self.spec.left_fold is None:
             return Result(check, Status.SKIPPED, f"declared fixed-left, but {self.spec.name} has no float32 left fold")
@@ -433,38 +501,82 @@ class _Run:
             again = replace(case, y=None, grads=None, outputs=[], intact=[], error=None)
             self.execute(again)
             if again.error:
-                return Result("determinism", _crash_status(again), again.error, case=case.sample.case,
-                              repro=self.repro("determinism", case.sample.case))
-            if not _same_bits(again.y, first_y) or (first_grads and any(
-                    not _same_bits(again.grads[k], first_grads[k]) for k in first_grads)):
-                return Result("determinism", Status.FAILED, f"two runs of {case.sample.case} differ in their bits",
-                              case=case.sample.case, cases=len(picks), repro=self.repro("determinism", case.sample.case))
-        return Result("determinism", Status.PASSED, "forward and backward repeat bitwise", cases=len(picks),
-                      repro=self.repro("determinism"))
+                return Result(
+                    "determinism",
+                    _crash_status(again),
+                    again.error,
+                    case=case.sample.case,
+                    repro=self.repro("determinism", case.sample.case),
+                )
+            if not _same_bits(again.y, first_y) or (
+                first_grads and any(not _same_bits(again.grads[k], first_grads[k]) for k in first_grads)
+            ):
+                return Result(
+                    "determinism",
+                    Status.FAILED,
+                    f"two runs of {case.sample.case} differ in their bits",
+                    case=case.sample.case,
+                    cases=len(picks),
+                    repro=self.repro("determinism", case.sample.case),
+                )
+        return Result(
+            "determinism",
+            Status.PASSED,
+            "forward and backward repeat bitwise",
+            cases=len(picks),
+            repro=self.repro("determinism"),
+        )
 
     def check_bounds(self) -> Result:
         count = 0
         for case in self.cases:
             if case.error:
-                return Result("bounds", _crash_status(case), case.error, case=case.sample.case,
-                              repro=self.repro("bounds", case.sample.case))
+                return Result(
+                    "bounds",
+                    _crash_status(case),
+                    case.error,
+                    case=case.sample.case,
+                    repro=self.repro("bounds", case.sample.case),
+                )
             for label, out in case.outputs:
                 count += 1
                 damage, unwritten = out.guard_damage(), out.unwritten()
                 if damage or unwritten:
-                    what = ", ".join(t for t in (f"{damage} guard elements overwritten" if damage else "",
-                                                 f"{unwritten} of {out.size} elements never written" if unwritten else "") if t)
-                    return Result("bounds", Status.FAILED, f"{label} {case.sample.summary()}: {what}",
-                                  case=case.sample.case, cases=count, repro=self.repro("bounds", case.sample.case))
+                    what = ", ".join(
+                        t
+                        for t in (
+                            f"{damage} guard elements overwritten" if damage else "",
+                            f"{unwritten} of {out.size} elements never written" if unwritten else "",
+                        )
+                        if t
+                    )
+                    return Result(
+                        "bounds",
+                        Status.FAILED,
+                        f"{label} {case.sample.summary()}: {what}",
+                        case=case.sample.case,
+                        cases=count,
+                        repro=self.repro("bounds", case.sample.case),
+                    )
             if case.overruns:
                 label, damage = case.overruns[0]
-                return Result("bounds", Status.FAILED, f"{label} {case.sample.summary()}: {damage} guard elements "
-                              f"overwritten (a write past the buffer)", case=case.sample.case, cases=count,
-                              repro=self.repro("bounds", case.sample.case))
+                return Result(
+                    "bounds",
+                    Status.FAILED,
+                    f"{label} {case.sample.summary()}: {damage} guard elements overwritten (a write past the buffer)",
+                    case=case.sample.case,
+                    cases=count,
+                    repro=self.repro("bounds", case.sample.case),
+                )
         if not count:
             return Result("bounds", Status.SKIPPED, "no case ran")
-        return Result("bounds", Status.PASSED, "guard bands intact, every element written", cases=count,
-                      repro=self.repro("bounds"))
+        return Result(
+            "bounds",
+            Status.PASSED,
+            "guard bands intact, every element written",
+            cases=count,
+            repro=self.repro("bounds"),
+        )
 
     def check_inputs_intact(self) -> Result:
         count = 0
@@ -472,39 +584,80 @@ class _Run:
             for label, ok in case.intact:
                 count += 1
                 if not ok:
-                    return Result("inputs.intact", Status.FAILED, f"{label} {case.sample.summary()}: an input changed",
-                                  case=case.sample.case, cases=count, repro=self.repro("inputs.intact", case.sample.case))
+                    return Result(
+                        "inputs.intact",
+                        Status.FAILED,
+                        f"{label} {case.sample.summary()}: an input changed",
+                        case=case.sample.case,
+                        cases=count,
+                        repro=self.repro("inputs.intact", case.sample.case),
+                    )
         if not count:
             return Result("inputs.intact", Status.SKIPPED, "no case ran")
-        return Result("inputs.intact", Status.PASSED, "every input bitwise unchanged", cases=count, repro=self.repro("inputs.intact"))
+        return Result(
+            "inputs.intact",
+            Status.PASSED,
+            "every input bitwise unchanged",
+            cases=count,
+            repro=self.repro("inputs.intact"),
+        )
 
     def check_shape_guard(self) -> Result:
         cases = self.spec.errors()
         for i, error_case in enumerate(cases):
             before = getattr(self.backend, "launch_count", 0)
             try:
-                self.backend.forward(self.spec, dict(error_case.sample.inputs), dict(error_case.sample.params),
-                                     GuardedOutput((0,)))
+                self.backend.forward(
+                    self.spec, dict(error_case.sample.inputs), dict(error_case.sample.params), GuardedOutput((0,))
+                )
             except InputError as exc:
                 if not isinstance(exc, error_case.error) or not re.search(error_case.match, str(exc)):
-                    return Result("shape.guard", Status.FAILED,
-                                  f"{error_case.sample.case}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
-                                  f"matching {error_case.match!r}", case=error_case.sample.case, cases=i + 1,
-                                  repro=self.repro("shape.guard", error_case.sample.case))
+                    return Result(
+                        "shape.guard",
+                        Status.FAILED,
+                        f"{error_case.sample.case}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
+                        f"matching {error_case.match!r}",
+                        case=error_case.sample.case,
+                        cases=i + 1,
+                        repro=self.repro("shape.guard", error_case.sample.case),
+                    )
             except Exception as exc:
-                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: crashed with {type(exc).__name__}: {exc}",
-                              case=error_case.sample.case, cases=i + 1, repro=self.repro("shape.guard", error_case.sample.case))
+                return Result(
+                    "shape.guard",
+                    Status.FAILED,
+                    f"{error_case.sample.case}: crashed with {type(exc).__name__}: {exc}",
+                    case=error_case.sample.case,
+                    cases=i + 1,
+                    repro=self.repro("shape.guard", error_case.sample.case),
+                )
             else:
-                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: accepted, expected {error_case.error.__name__}",
-                              case=error_case.sample.case, cases=i + 1, repro=self.repro("shape.guard", error_case.sample.case))
+                return Result(
+                    "shape.guard",
+                    Status.FAILED,
+                    f"{error_case.sample.case}: accepted, expected {error_case.error.__name__}",
+                    case=error_case.sample.case,
+                    cases=i + 1,
+                    repro=self.repro("shape.guard", error_case.sample.case),
+                )
             if getattr(self.backend, "launch_count", 0) != before:
-                return Result("shape.guard", Status.FAILED, f"{error_case.sample.case}: refused, but only after a launch",
-                              case=error_case.sample.case, cases=i + 1)
-        return Result("shape.guard", Status.PASSED, f"{len(cases)} error inputs refused before any launch", cases=len(cases),
-                      repro=self.repro("shape.guard"))
+                return Result(
+                    "shape.guard",
+                    Status.FAILED,
+                    f"{error_case.sample.case}: refused, but only after a launch",
+                    case=error_case.sample.case,
+                    cases=i + 1,
+                )
+        return Result(
+            "shape.guard",
+            Status.PASSED,
+            f"{len(cases)} error inputs refused before any launch",
+            cases=len(cases),
+            repro=self.repro("shape.guard"),
+        )
 
     def check_rng(self) -> Result:
         from .ops.random import uniform_values
+
         if "seed" not in {p.name for p in self.spec.params}:
             return Result("rng", Status.SKIPPED, "not a seeded op")
         base = next(s for s in self.spec.samples("medium", seeded_rng(self.spec.name, "medium", self.seed)))
@@ -515,12 +668,14 @@ class _Run:
             out = GuardedOutput(shape)
             self.backend.forward(self.spec, {}, dict(p), out)
             return out.view.copy()
+
         try:
             a, b = run(params), run(params)
             other = run({**params, "seed": (params["seed"] + 1) % 2**64})
         except Exception as exc:
             return Result("rng", Status.ERROR, f"{type(exc).__name__}: {exc}")
         from .cpu_providers import REFERENCE
+
         ref = REFERENCE.forward(self.spec, {}, **params).astype(np.float32)
         problems = []
         if not _same_bits(a, b):
@@ -547,8 +702,13 @@ class _Run:
                 problems.append("the mask is not u < p")
         if problems:
             return Result("rng", Status.FAILED, "; ".join(problems), case=base.case, repro=self.repro("rng"))
-        return Result("rng", Status.PASSED, "seeded, reproducible, bitwise the reference stream, statistically sound",
-                      cases=3, repro=self.repro("rng"))
+        return Result(
+            "rng",
+            Status.PASSED,
+            "seeded, reproducible, bitwise the reference stream, statistically sound",
+            cases=3,
+            repro=self.repro("rng"),
+        )
 
     def check_selection_ties(self) -> Result:
         windows = self.spec.extra.get("windows")
@@ -579,17 +739,26 @@ class _Run:
                 best = np.nanmax(values)
                 maximal = set(window[values == best].tolist())
                 if hit.size != 1 or dx[hit[0]] != 1.0 or int(hit[0]) not in maximal:
-                    return self._tie_failure(case, o, f"gradient at {hit.tolist()} (values {dx[hit].tolist()}), "
-                                                      f"maximal cells {sorted(maximal)}")
+                    return self._tie_failure(
+                        case,
+                        o,
+                        f"gradient at {hit.tolist()} (values {dx[hit].tolist()}), maximal cells {sorted(maximal)}",
+                    )
         if not checked:
             return Result("selection.ties", Status.SKIPPED, "no tie case declared")
-        return Result("selection.ties", Status.PASSED, "each window's gradient goes to exactly one maximal cell",
-                      cases=checked, repro=self.repro("selection.ties"))
+        return Result(
+            "selection.ties",
+            Status.PASSED,
+            "each window's gradient goes to exactly one maximal cell",
+            cases=checked,
+            repro=self.repro("selection.ties"),
+        )
 
     def check_sanitizer(self, tool: str) -> Result:
         """Every sample and edge case, forward and backward, through the kernels under `tool`: the
         first finding fails the check with its trimmed report (the whole text in `details`)."""
         from .sanitize import SanitizerFinding, backend_for, compute_sanitizer
+
         check = f"sanitize.{tool}"
         if self.capsule.module != "native_cuda" or not self.capsule.symbols:
             return Result(check, Status.SKIPPED, f"{self.capsule.name} launches no kernel")
@@ -605,43 +774,81 @@ class _Run:
                 backend.forward(self.spec, _copy_inputs(arrays), dict(sample.params), GuardedOutput(out_shape))
                 runs += 1
                 if self.spec.has_vjp:
-                    g = seeded_rng(self.spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
-                    backend.backward(self.spec, _copy_inputs(arrays), dict(sample.params), g,
-                                     gradient_outputs(self.spec, arrays))
+                    g = (
+                        seeded_rng(self.spec.name, f"g/{sample.case}", self.seed)
+                        .standard_normal(out_shape)
+                        .astype(np.float32)
+                    )
+                    backend.backward(
+                        self.spec, _copy_inputs(arrays), dict(sample.params), g, gradient_outputs(self.spec, arrays)
+                    )
                     runs += 1
             except SanitizerFinding as exc:
-                return Result(check, Status.FAILED, f"{sample.summary()}: {exc.finding.summary}", case=sample.case,
-                              cases=runs + 1, repro=self.sanitizer_repro(tool, sample.case), details=exc.finding.text)
+                return Result(
+                    check,
+                    Status.FAILED,
+                    f"{sample.summary()}: {exc.finding.summary}",
+                    case=sample.case,
+                    cases=runs + 1,
+                    repro=self.sanitizer_repro(tool, sample.case),
+                    details=exc.finding.text,
+                )
             except Exception as exc:  # the runner could not run the case: no verdict on it
-                return Result(check, Status.ERROR, f"{sample.summary()}: {type(exc).__name__}: {exc}", case=sample.case,
-                              cases=runs, repro=self.sanitizer_repro(tool, sample.case))
-        return Result(check, Status.PASSED, f"{runs} kernel runs (forward and backward) clean", cases=runs,
-                      repro=self.sanitizer_repro(tool))
+                return Result(
+                    check,
+                    Status.ERROR,
+                    f"{sample.summary()}: {type(exc).__name__}: {exc}",
+                    case=sample.case,
+                    cases=runs,
+                    repro=self.sanitizer_repro(tool, sample.case),
+                )
+        return Result(
+            check,
+            Status.PASSED,
+            f"{runs} kernel runs (forward and backward) clean",
+            cases=runs,
+            repro=self.sanitizer_repro(tool),
+        )
 
     def sanitizer_repro(self, tool: str, case: str | None = None) -> str:
         line = f"capsules verify {self.spec.name} --check sanitize.{tool} --seed {self.seed}"
         return line + (f" --case {case}" if case else "")
 
     def _tie_failure(self, case, o, what) -> Result:
-        return Result("selection.ties", Status.FAILED, f"{case.sample.case} window {o}: {what}", case=case.sample.case,
-                      repro=self.repro("selection.ties", case.sample.case))
+        return Result(
+            "selection.ties",
+            Status.FAILED,
+            f"{case.sample.case} window {o}: {what}",
+            case=case.sample.case,
+            repro=self.repro("selection.ties", case.sample.case),
+        )
 
 
 def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[Result]:
     """contract.aligned, and ffi.symbols / launch.plan through `capsules check` when nvcc is here
     (unless `compiled` is False: contract.aligned alone, nothing compiled)."""
     from .errors import EnvironmentMissing
-    out = [Result("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED,
-                  "" if contracts_aligned(capsule) else "a descriptor states another aspect's obligation")]
+
+    out = [
+        Result(
+            "contract.aligned",
+            Status.PASSED if contracts_aligned(capsule) else Status.FAILED,
+            "" if contracts_aligned(capsule) else "a descriptor states another aspect's obligation",
+        )
+    ]
     if not compiled:
         return out
     if capsule.module != "native_cuda":
         reason = f"{capsule.name} launches no native kernel"
         return out + [Result("ffi.symbols", Status.SKIPPED, reason), Result("launch.plan", Status.SKIPPED, reason)]
     from . import check
+
     try:
-        report = check.check([capsule], ("sm_90",) if quick else check.ARCHES,
-                             sizes=("small",) if quick else ("small", "medium", "large"))
+        report = check.check(
+            [capsule],
+            ("sm_90",) if quick else check.ARCHES,
+            sizes=("small",) if quick else ("small", "medium", "large"),
+        )
     except EnvironmentMissing as exc:
         return out + [Result("ffi.symbols", Status.SKIPPED, str(exc)), Result("launch.plan", Status.SKIPPED, str(exc))]
     items = {i.check: i for i in report.capsules[0].items}
@@ -657,9 +864,16 @@ def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[
     return out
 
 
-def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed: int = 0,
-                   checks: tuple[str, ...] | None = None, case: str | None = None,
-                   sanitize: tuple[str, ...] = ()) -> CapsuleReport:
+def verify_capsule(
+    capsule: KernelCapsule,
+    backend,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    checks: tuple[str, ...] | None = None,
+    case: str | None = None,
+    sanitize: tuple[str, ...] = (),
+) -> CapsuleReport:
     """The report of one capsule: the checks wanted (default: every contract check), then one
     sanitize.<tool> check per sanitizer of `sanitize` (capsule_core.sanitize)."""
     start = time.perf_counter()
@@ -675,19 +889,34 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
     dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
     activity.working_on(capsule=capsule.name)
     try:
-        sampled = dynamic & {"value", "value.special", "vjp", "determinism", "bounds", "inputs.intact", "selection.ties"}
+        sampled = dynamic & {
+            "value",
+            "value.special",
+            "vjp",
+            "determinism",
+            "bounds",
+            "inputs.intact",
+            "selection.ties",
+        }
         if sampled:
             activity.working_on(check=", ".join(c for c in CHECKS if c in sampled) + " (their cases)")
             for sample in run.samples():
                 c = run.prepare(sample)
                 run.execute(c)
                 run.cases.append(c)
-        order = [("shape.guard", run.check_shape_guard), ("value", run.check_value),
-                 ("value.special", run.check_special), ("vjp", run.check_vjp),
-                 ("vjp.reference", run.check_vjp_reference), ("reduction.order", run.check_reduction_order),
-                 ("determinism", run.check_determinism), ("rng", run.check_rng),
-                 ("selection.ties", run.check_selection_ties), ("bounds", run.check_bounds),
-                 ("inputs.intact", run.check_inputs_intact)]
+        order = [
+            ("shape.guard", run.check_shape_guard),
+            ("value", run.check_value),
+            ("value.special", run.check_special),
+            ("vjp", run.check_vjp),
+            ("vjp.reference", run.check_vjp_reference),
+            ("reduction.order", run.check_reduction_order),
+            ("determinism", run.check_determinism),
+            ("rng", run.check_rng),
+            ("selection.ties", run.check_selection_ties),
+            ("bounds", run.check_bounds),
+            ("inputs.intact", run.check_inputs_intact),
+        ]
         for check_id, function in order:
             if check_id in dynamic:
                 activity.working_on(check=check_id, case="")
@@ -708,8 +937,9 @@ def verify_capsule(capsule: KernelCapsule, backend, *, quick: bool = False, seed
     return CapsuleReport(capsule.name, tuple(results), time.perf_counter() - start)
 
 
-def verify(capsules, backend, *, quick: bool = False, seed: int = 0, checks=None, case=None,
-           sanitize: tuple[str, ...] = ()) -> Iterator[CapsuleReport]:
+def verify(
+    capsules, backend, *, quick: bool = False, seed: int = 0, checks=None, case=None, sanitize: tuple[str, ...] = ()
+) -> Iterator[CapsuleReport]:
     """One CapsuleReport per capsule, as each finishes (so a caller can stop and keep the rest)."""
     for capsule in capsules:
         yield verify_capsule(capsule, backend, quick=quick, seed=seed, checks=checks, case=case, sanitize=sanitize)

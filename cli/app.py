@@ -31,12 +31,13 @@ from cli.stop_signals import signal_name, stop_signals
 app = typer.Typer(
     name="capsules",
     help="Make native CUDA kernels accountable: list, show, export and select the capsules of the native "
-         "CUDA backend; check, plan, verify, fuzz and bench their kernels; doctor says what this machine can run.",
+    "CUDA backend; check, plan, verify, fuzz and bench their kernels; doctor says what this machine can run.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
 
 class Format(str, Enum):
     table = "table"
@@ -58,8 +59,9 @@ def _version(value: bool):
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ):
     """Make native CUDA kernels accountable."""
 
@@ -67,7 +69,9 @@ def root(
 @app.command("list")
 def list_command(
     module: Annotated[Optional[str], typer.Option(help="Only this registry module: native_cuda or reference.")] = None,
-    family: Annotated[Optional[str], typer.Option(help="Only this kernel family (pointwise, softmax, conv_pool, ...).")] = None,
+    family: Annotated[
+        Optional[str], typer.Option(help="Only this kernel family (pointwise, softmax, conv_pool, ...).")
+    ] = None,
     vjp: Annotated[Optional[VJPMode], typer.Option(help="Only this VJP mode.")] = None,
     reduction: Annotated[Optional[ReductionPolicy], typer.Option(help="Only this reduction policy.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
@@ -109,15 +113,22 @@ def show(
     details = describe.op_details(capsule.op.value)
     resources = describe.kernel_resources(capsule)
     if fmt is ShowFormat.json:
-        typer.echo(json.dumps({**report.capsule_record(capsule), "op_details": details, "kernel_resources": resources},
-                              indent=2, ensure_ascii=False))
+        typer.echo(
+            json.dumps(
+                {**report.capsule_record(capsule), "op_details": details, "kernel_resources": resources},
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
     else:
         typer.echo(report.render_capsule(capsule, details, resources))
 
 
 @app.command()
 def export(
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
 ):
     """The whole registry as versioned JSON (schema: docs/export-schema.md).
 
@@ -127,7 +138,9 @@ def export(
 
     from capsule_core import registry, report
 
-    text = json.dumps(report.export_document(registry.CATALOG, registry.MODULES, __version__), indent=2, ensure_ascii=False)
+    text = json.dumps(
+        report.export_document(registry.CATALOG, registry.MODULES, __version__), indent=2, ensure_ascii=False
+    )
     if output is None:
         typer.echo(text)
         return
@@ -141,8 +154,12 @@ def export(
 def select(
     op: Annotated[str, typer.Argument(help="An op name, e.g. sin.")],
     device: Annotated[Device, typer.Option(help="The device the program runs on.")] = Device.CUDA,
-    provider: Annotated[str, typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference).")] = "auto",
-    assurance: Annotated[AssurancePolicy, typer.Option(help="checked: only checked capsules; external: trusted-external too.")] = AssurancePolicy.CHECKED,
+    provider: Annotated[
+        str, typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference).")
+    ] = "auto",
+    assurance: Annotated[
+        AssurancePolicy, typer.Option(help="checked: only checked capsules; external: trusted-external too.")
+    ] = AssurancePolicy.CHECKED,
     vjp: Annotated[bool, typer.Option("--vjp/--no-vjp", help="Require a VJP (for ops that have one).")] = True,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
 ):
@@ -176,8 +193,13 @@ def select(
 
 @app.command()
 def check(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names (default: every native capsule).")] = None,
-    arch: Annotated[Optional[list[ArchOption]], typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90).")] = None,
+    names: Annotated[
+        Optional[list[str]], typer.Argument(help="Capsule or op names (default: every native capsule).")
+    ] = None,
+    arch: Annotated[
+        Optional[list[ArchOption]],
+        typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90)."),
+    ] = None,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="text (tables) or json (for CI).")] = ShowFormat.text,
 ):
     """Static contract checks, no GPU needed: symbols, PTX signatures, kernel budgets, launch plans.
@@ -217,13 +239,20 @@ def check(
 def verify(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy.")] = BackendOption.auto,
+    backend: Annotated[
+        BackendOption,
+        typer.Option(
+            help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
+        ),
+    ] = BackendOption.auto,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
     quick: Annotated[bool, typer.Option("--quick", help="Small samples and edges only (a CI smoke run).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs and cotangents.")] = 0,
     check: Annotated[Optional[list[str]], typer.Option("--check", help="Run only this check id; repeatable.")] = None,
     case: Annotated[Optional[str], typer.Option(help="Run only this case id (from a rerun line).")] = None,
-    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/verify-schema.md).")] = None,
+    json_file: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the JSON report (docs/verify-schema.md).")
+    ] = None,
     junit_file: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report.")] = None,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Exit 3 unless the run is on a GPU.")] = False,
     isolate: IsolateOption = None,
@@ -232,13 +261,25 @@ def verify(
     jobs: JobsOption = None,
     devices: DevicesOption = None,
     ray: RayOption = None,
-    sanitize: Annotated[Optional[str], typer.Option(
-        "--sanitize", metavar="[TOOLS]", help="Also run the kernels under sanitizers on the emulator, each a check "
-                                              "sanitize.TOOL: a comma list of memcheck, racecheck, synccheck, initcheck; "
-                                              "alone: all four.")] = None,
-    sanitize_timeout: Annotated[Optional[float], typer.Option(
-        "--sanitize-timeout", metavar="SECONDS", help="The most one sanitized run may take (default 600; the large "
-                                                      "cases of a full run under valgrind or TSan can need more).")] = None,
+    sanitize: Annotated[
+        Optional[str],
+        typer.Option(
+            "--sanitize",
+            metavar="[TOOLS]",
+            help="Also run the kernels under sanitizers on the emulator, each a check "
+            "sanitize.TOOL: a comma list of memcheck, racecheck, synccheck, initcheck; "
+            "alone: all four.",
+        ),
+    ] = None,
+    sanitize_timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            "--sanitize-timeout",
+            metavar="SECONDS",
+            help="The most one sanitized run may take (default 600; the large "
+            "cases of a full run under valgrind or TSan can need more).",
+        ),
+    ] = None,
 ):
     """Check every contract claim of the named capsules on a backend.
 
@@ -265,10 +306,13 @@ def verify(
     tools = sanitizer_tools(sanitize, check)
     if sanitize_timeout is not None:
         from capsule_core.sanitize import TIMEOUT_ENV
+
         if not tools:
             raise fail("--sanitize-timeout: applies to sanitizer runs; add --sanitize", EXIT_USAGE)
         if not 0 < sanitize_timeout < float("inf"):
-            raise fail(f"--sanitize-timeout: must be a positive number of seconds, got {sanitize_timeout:g}", EXIT_USAGE)
+            raise fail(
+                f"--sanitize-timeout: must be a positive number of seconds, got {sanitize_timeout:g}", EXIT_USAGE
+            )
         os.environ[TIMEOUT_ENV] = repr(sanitize_timeout)
     try:
         capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
@@ -276,6 +320,7 @@ def verify(
         raise fail(str(exc), EXIT_USAGE)
     if case is not None:
         from capsule_core.ops import get_spec
+
         why = engine.unknown_case([get_spec(c.op.value) for c in capsules], case, quick, seed)
         if why:
             raise fail(f"--case: {why}", EXIT_USAGE)
@@ -298,10 +343,12 @@ def verify(
             if why:
                 raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
-    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device,
-                   launch_timeout=launch_timeout)
+    where = spread(
+        chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, launch_timeout=launch_timeout
+    )
     if where is not None:
         from capsule_core import parallel
+
         typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
     result = engine.VerifyReport(chosen.name, note, seed, quick)
     start = clock.perf_counter()
@@ -310,15 +357,34 @@ def verify(
             with progress_bar() as progress:
                 task = progress.add_task("verify", total=len(capsules)) if progress else None
                 if where is not None:
-                    collect(parallel.verify(capsules, where, fresh=bool(isolate), quick=quick, seed=seed,
-                                            checks=tuple(check) if check else None, case=case, sanitize=tools),
-                            result.capsules, progress, task,
-                            stop=lambda one: fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR))
+                    collect(
+                        parallel.verify(
+                            capsules,
+                            where,
+                            fresh=bool(isolate),
+                            quick=quick,
+                            seed=seed,
+                            checks=tuple(check) if check else None,
+                            case=case,
+                            sanitize=tools,
+                        ),
+                        result.capsules,
+                        progress,
+                        task,
+                        stop=lambda one: fail_fast and one.status in (engine.Status.FAILED, engine.Status.ERROR),
+                    )
                 for capsule in capsules if where is None else ():
                     if progress:
                         progress.update(task, description=f"verify {capsule.op.value}")
-                    one = engine.verify_capsule(capsule, chosen, quick=quick, seed=seed,
-                                                checks=tuple(check) if check else None, case=case, sanitize=tools)
+                    one = engine.verify_capsule(
+                        capsule,
+                        chosen,
+                        quick=quick,
+                        seed=seed,
+                        checks=tuple(check) if check else None,
+                        case=case,
+                        sanitize=tools,
+                    )
                     result.capsules.append(one)
                     if progress:
                         progress.advance(task)
@@ -336,11 +402,20 @@ def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tupl
     """The sanitizers asked for by --sanitize (a comma list, or all) and --check sanitize.TOOL
     (exit 2 for an unknown tool)."""
     from capsule_core.sanitize import TOOLS
-    asked = [] if sanitize is None else list(TOOLS) if sanitize == "all" else [t.strip() for t in sanitize.split(",") if t.strip()]
+
+    asked = (
+        []
+        if sanitize is None
+        else list(TOOLS)
+        if sanitize == "all"
+        else [t.strip() for t in sanitize.split(",") if t.strip()]
+    )
     unknown = [t for t in asked if t not in TOOLS]
     if unknown or (sanitize is not None and not asked):
-        raise fail(f"--sanitize: unknown tool {', '.join(unknown) or repr(sanitize)} (tools: {', '.join(TOOLS)}, or all)",
-                   EXIT_USAGE)
+        raise fail(
+            f"--sanitize: unknown tool {', '.join(unknown) or repr(sanitize)} (tools: {', '.join(TOOLS)}, or all)",
+            EXIT_USAGE,
+        )
     asked += [c.split(".", 1)[1] for c in check or () if c.startswith("sanitize.")]
     return tuple(dict.fromkeys(asked))
 
@@ -358,11 +433,21 @@ def doctor():
     from capsule_core import doctor as engine
 
     result = engine.examine()
-    typer.echo(tabulate([(f.name, f.value, "ok" if f.ok else "missing") for f in result.facts],
-                        headers=("what", "found", ""), tablefmt="simple"))
+    typer.echo(
+        tabulate(
+            [(f.name, f.value, "ok" if f.ok else "missing") for f in result.facts],
+            headers=("what", "found", ""),
+            tablefmt="simple",
+        )
+    )
     typer.echo("")
-    typer.echo(tabulate([(c, "yes" if ok else "no", why) for c, ok, why in result.commands],
-                        headers=("command", "can run", "why not"), tablefmt="simple"))
+    typer.echo(
+        tabulate(
+            [(c, "yes" if ok else "no", why) for c, ok, why in result.commands],
+            headers=("command", "can run", "why not"),
+            tablefmt="simple",
+        )
+    )
 
 
 app.command()(bench)
@@ -373,6 +458,7 @@ app.command()(plan)
 def main():
     """Console-script entry point: library errors become one line and an exit code, never a traceback."""
     import sys
+
     sys.argv[1:] = optional_option_values(sys.argv[1:])
     try:
         app()

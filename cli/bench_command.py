@@ -28,31 +28,61 @@ class BaselineOption(str, Enum):
 def bench(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    suite: Annotated[Optional[str], typer.Option(
-        help="A named suite of fixed workloads instead of NAMES, --all and --size: reference (the kernel "
-             "review's shapes, forward and backward; on numpy, cases over 128 MiB are skipped).")] = None,
-    size: Annotated[Optional[str], typer.Option(
-        help="small, medium, large, a byte count moved per call (256MB, 1GiB), or auto (the default): "
-             "large on the CPU, grown to 4x the L2 on a GPU.")] = None,
-    backend: Annotated[Optional[BenchBackend], typer.Option(help="Default: cuda when a GPU answers, else numpy "
-                                                                 "(said in one line).")] = None,
+    suite: Annotated[
+        Optional[str],
+        typer.Option(
+            help="A named suite of fixed workloads instead of NAMES, --all and --size: reference (the kernel "
+            "review's shapes, forward and backward; on numpy, cases over 128 MiB are skipped)."
+        ),
+    ] = None,
+    size: Annotated[
+        Optional[str],
+        typer.Option(
+            help="small, medium, large, a byte count moved per call (256MB, 1GiB), or auto (the default): "
+            "large on the CPU, grown to 4x the L2 on a GPU."
+        ),
+    ] = None,
+    backend: Annotated[
+        Optional[BenchBackend], typer.Option(help="Default: cuda when a GPU answers, else numpy (said in one line).")
+    ] = None,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
-    cold: Annotated[bool, typer.Option("--cold", help="Flush the L2 (the CPU's last-level cache on numpy) "
-                                                      "before every timed call, outside the timed region.")] = False,
-    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/bench-schema.md).")] = None,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold",
+            help="Flush the L2 (the CPU's last-level cache on numpy) "
+            "before every timed call, outside the timed region.",
+        ),
+    ] = False,
+    json_file: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the JSON report (docs/bench-schema.md).")
+    ] = None,
     csv_file: Annotated[Optional[Path], typer.Option("--csv", help="Write one CSV row per case.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as Markdown.")] = False,
-    compare: Annotated[Optional[Path], typer.Option("--compare", help="An earlier --json report: mark regressions, "
-                                                                      "exit 1 on any.")] = None,
-    threshold: Annotated[str, typer.Option(help="Slowdown beyond which --compare calls a regression, beyond the "
-                                                "noise: the new first quartile over the old third quartile.")] = "5%",
-    baseline: Annotated[Optional[list[BaselineOption]], typer.Option(
-        help="Baseline library; repeat for several (default: every one that can run here; none for none).")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw a roofline PNG (needs matplotlib: the plot extra).")] = None,
+    compare: Annotated[
+        Optional[Path], typer.Option("--compare", help="An earlier --json report: mark regressions, exit 1 on any.")
+    ] = None,
+    threshold: Annotated[
+        str,
+        typer.Option(
+            help="Slowdown beyond which --compare calls a regression, beyond the "
+            "noise: the new first quartile over the old third quartile."
+        ),
+    ] = "5%",
+    baseline: Annotated[
+        Optional[list[BaselineOption]],
+        typer.Option(
+            help="Baseline library; repeat for several (default: every one that can run here; none for none)."
+        ),
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Draw a roofline PNG (needs matplotlib: the plot extra).")
+    ] = None,
     noise: Annotated[str, typer.Option(help="Stop sampling when the IQR falls under this share of the median.")] = "2%",
     min_samples: Annotated[int, typer.Option(min=1, help="Samples before the noise test applies.")] = 10,
-    max_time: Annotated[float, typer.Option(min=0.001, help="Seconds of sampling per measurement before giving up "
-                                                            "on the noise target.")] = 0.5,
+    max_time: Annotated[
+        float, typer.Option(min=0.001, help="Seconds of sampling per measurement before giving up on the noise target.")
+    ] = 0.5,
     warmup: Annotated[float, typer.Option(min=0.0, help="Warm-up per measurement, in milliseconds.")] = 25.0,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs.")] = 0,
 ):
@@ -76,12 +106,17 @@ def bench(
 
     chosen_suite, capsules = None, []
     if suite is not None:
-        given = [label for label, present in (("NAME", bool(names)), ("--all", all_), ("--size", size is not None))
-                 if present]
+        given = [
+            label
+            for label, present in (("NAME", bool(names)), ("--all", all_), ("--size", size is not None))
+            if present
+        ]
         if given:
-            raise fail(f"--suite: cannot be combined with {', '.join(given)} (a suite fixes its ops and shapes)",
-                       EXIT_USAGE)
+            raise fail(
+                f"--suite: cannot be combined with {', '.join(given)} (a suite fixes its ops and shapes)", EXIT_USAGE
+            )
         from capsule_core.bench_suites import SUITES
+
         if suite not in SUITES:
             raise fail(f"--suite: unknown suite {suite!r} (suites: {', '.join(SUITES)})", EXIT_USAGE)
         chosen_suite = SUITES[suite]
@@ -89,21 +124,25 @@ def bench(
         raise fail("NAME: give capsule names, --all or --suite reference", EXIT_USAGE)
     else:
         from capsule_core import native_cuda, registry
+
         try:
             capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
         except UnknownNameError as exc:
             raise fail(str(exc), EXIT_USAGE)
         foreign = [c.name for c in capsules if c.module != "native_cuda"]
         if foreign:
-            raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules",
-                       EXIT_USAGE)
+            raise fail(
+                f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules", EXIT_USAGE
+            )
 
     from capsule_core import bench as engine
     from capsule_core import report
+
     try:
         chosen_size = engine.parse_size(size or "auto")
-        rule = engine.StoppingRule(noise=engine.parse_percent(noise, "--noise"), min_samples=min_samples,
-                                   max_time_s=max_time, warmup_ms=warmup)
+        rule = engine.StoppingRule(
+            noise=engine.parse_percent(noise, "--noise"), min_samples=min_samples, max_time_s=max_time, warmup_ms=warmup
+        )
         limit = engine.parse_percent(threshold, "--threshold")
     except ValueError as exc:
         message = str(exc)
@@ -122,17 +161,24 @@ def bench(
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise fail("--plot needs matplotlib: pip install 'capsules[plot]' (or pip install matplotlib)", EXIT_ENVIRONMENT)
+        raise fail(
+            "--plot needs matplotlib: pip install 'capsules[plot]' (or pip install matplotlib)", EXIT_ENVIRONMENT
+        )
     for name in requested:
         if name in ("torch", "cupy") and importlib.util.find_spec(name) is None:
-            raise fail(f"--baseline {name}: {name} is not installed here (pip install {name if name == 'torch' else 'cupy-cuda12x'})",
-                       EXIT_ENVIRONMENT)
+            raise fail(
+                f"--baseline {name}: {name} is not installed here (pip install {name if name == 'torch' else 'cupy-cuda12x'})",
+                EXIT_ENVIRONMENT,
+            )
 
     from capsule_core.backends.select import resolve
+
     if backend is BenchBackend.emu:
-        raise fail("--backend emu: the emulator runs every thread of a kernel one after another on the CPU, so its "
-                   "time says nothing about the kernel's; bench on a GPU (--backend cuda) or the numpy provider",
-                   EXIT_ENVIRONMENT)
+        raise fail(
+            "--backend emu: the emulator runs every thread of a kernel one after another on the CPU, so its "
+            "time says nothing about the kernel's; bench on a GPU (--backend cuda) or the numpy provider",
+            EXIT_ENVIRONMENT,
+        )
     try:
         chosen, note = resolve(backend.value if backend else "auto", device, emulate=False)
     except EnvironmentMissing as exc:
@@ -152,6 +198,7 @@ def bench(
         def progress(done: int, total: int, label: str):
             if bar:
                 bar.update(task, total=total, completed=done, description=label)
+
         if chosen_suite is not None:
             result = engine.run_suite(chosen_suite, bench_device, settings, note, progress=progress)
         else:
@@ -173,6 +220,7 @@ def _write_outputs(result, json_file: Path | None, csv_file: Path | None, plot: 
     texts = {}
     if json_file is not None:
         import json
+
         texts[json_file] = json.dumps(report.bench_record(result, __version__), indent=2) + "\n"
     if csv_file is not None:
         texts[csv_file] = report.bench_csv(result) + "\n"

@@ -18,10 +18,12 @@ def progress_bar():
     """A progress bar on a terminal, nothing in CI (stderr not a tty, or CAPSULES_PROGRESS=0)."""
     import contextlib
     import sys
+
     if os.environ.get("CAPSULES_PROGRESS", "1") == "0" or not sys.stderr.isatty():
         return contextlib.nullcontext(None)
     from rich.console import Console
     from rich.progress import Progress
+
     return Progress(console=Console(stderr=True), transient=True)
 
 

@@ -29,21 +29,47 @@ DEFAULT_SAVE = Path("capsules-fuzz-failures")
 def fuzz(
     names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
-    backend: Annotated[BackendOption, typer.Option(help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy.")] = BackendOption.auto,
-    time_budget: Annotated[Optional[float], typer.Option(
-        "--time", help="Seconds for the whole run, shared across the capsules (shrinking a failure may run over "
-                       "by up to 20 s).")] = None,
-    examples: Annotated[Optional[int], typer.Option(
-        help=f"At most this many examples per capsule (default {DEFAULT_EXAMPLES} without --time, "
-             "no limit with it).")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the search and of the cotangents (default: a fresh "
-                                                     "one, printed in the summary).")] = None,
-    save: Annotated[Optional[Path], typer.Option(help=f"Write each shrunk failure as a replay file here "
-                                                      f"(default ./{DEFAULT_SAVE}, created on the first failure).")] = None,
-    replay: Annotated[Optional[Path], typer.Option(help="Rerun one saved failure exactly (its .json file) "
-                                                        "instead of fuzzing.")] = None,
-    json_file: Annotated[Optional[Path], typer.Option("--json", help="Write the JSON report (docs/fuzz-schema.md).")] = None,
-    junit_file: Annotated[Optional[Path], typer.Option("--junit", help="Write a JUnit XML report: one test per capsule.")] = None,
+    backend: Annotated[
+        BackendOption,
+        typer.Option(
+            help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
+        ),
+    ] = BackendOption.auto,
+    time_budget: Annotated[
+        Optional[float],
+        typer.Option(
+            "--time",
+            help="Seconds for the whole run, shared across the capsules (shrinking a failure may run over "
+            "by up to 20 s).",
+        ),
+    ] = None,
+    examples: Annotated[
+        Optional[int],
+        typer.Option(
+            help=f"At most this many examples per capsule (default {DEFAULT_EXAMPLES} without --time, "
+            "no limit with it)."
+        ),
+    ] = None,
+    seed: Annotated[
+        Optional[int],
+        typer.Option(help="Seed of the search and of the cotangents (default: a fresh one, printed in the summary)."),
+    ] = None,
+    save: Annotated[
+        Optional[Path],
+        typer.Option(
+            help=f"Write each shrunk failure as a replay file here "
+            f"(default ./{DEFAULT_SAVE}, created on the first failure)."
+        ),
+    ] = None,
+    replay: Annotated[
+        Optional[Path], typer.Option(help="Rerun one saved failure exactly (its .json file) instead of fuzzing.")
+    ] = None,
+    json_file: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the JSON report (docs/fuzz-schema.md).")
+    ] = None,
+    junit_file: Annotated[
+        Optional[Path], typer.Option("--junit", help="Write a JUnit XML report: one test per capsule.")
+    ] = None,
     jobs: JobsOption = None,
     devices: DevicesOption = None,
     ray: RayOption = None,
@@ -90,8 +116,11 @@ def fuzz(
     directory = save if save is not None else DEFAULT_SAVE
     if replay is not None and (json_file or junit_file):
         raise fail("--replay: prints what one saved failure gives now; give no --json or --junit with it", EXIT_USAGE)
-    unwritable = None if replay is not None else unwritable_outputs({"--json": json_file, "--junit": junit_file},
-                                                                    {"--save": directory})
+    unwritable = (
+        None
+        if replay is not None
+        else unwritable_outputs({"--json": json_file, "--junit": junit_file}, {"--save": directory})
+    )
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
     launch_timeout = launch_timeout_option(launch_timeout)
@@ -113,6 +142,7 @@ def fuzz(
     typer.echo(note, err=True)
     where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, launch_timeout=launch_timeout)
     from capsule_core import parallel
+
     if where is not None:
         typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
 
@@ -143,11 +173,15 @@ def fuzz(
             try:
                 saved[failure.capsule] = engine.write_replay(failure, directory)
             except OSError as exc:
-                typer.echo(f"capsules: error: --save: cannot write the replay of {failure.capsule} into {directory}: "
-                           f"{exc.strerror}", err=True)
+                typer.echo(
+                    f"capsules: error: --save: cannot write the replay of {failure.capsule} into {directory}: "
+                    f"{exc.strerror}",
+                    err=True,
+                )
         typer.echo(report.render_fuzz(result, saved))
-        write_reports(json_file, junit_file, lambda: report.fuzz_record(result, saved),
-                      lambda: report.fuzz_junit(result, saved))
+        write_reports(
+            json_file, junit_file, lambda: report.fuzz_record(result, saved), lambda: report.fuzz_junit(result, saved)
+        )
     raise typer.Exit(result.exit_code)
 
 
@@ -161,15 +195,38 @@ def _search(capsules, chosen, where, result, database, time_budget, max_examples
     with progress_bar() as progress:
         task = progress.add_task("fuzz", total=len(capsules)) if progress else None
         if where is not None:
-            collect(parallel.fuzz(capsules, where, time_budget=time_budget, max_examples=max_examples, seed=run_seed,
-                                  database=database, fresh=fresh), result.capsules, progress, task)
+            collect(
+                parallel.fuzz(
+                    capsules,
+                    where,
+                    time_budget=time_budget,
+                    max_examples=max_examples,
+                    seed=run_seed,
+                    database=database,
+                    fresh=fresh,
+                ),
+                result.capsules,
+                progress,
+                task,
+            )
             return
 
         def on_example(state):
-            progress.update(task, description=f"fuzz {state.op}: {state.examples} examples"
-                                              + (f", shrinking ({state.shrink_steps})" if state.shrink_steps else ""))
-        for one in engine.fuzz(capsules, chosen, time_budget=time_budget, max_examples=max_examples,
-                               seed=run_seed, database=database, on_example=on_example if progress else None):
+            progress.update(
+                task,
+                description=f"fuzz {state.op}: {state.examples} examples"
+                + (f", shrinking ({state.shrink_steps})" if state.shrink_steps else ""),
+            )
+
+        for one in engine.fuzz(
+            capsules,
+            chosen,
+            time_budget=time_budget,
+            max_examples=max_examples,
+            seed=run_seed,
+            database=database,
+            on_example=on_example if progress else None,
+        ):
             result.capsules.append(one)
             result.poisoned = result.poisoned or one.poisoned
             if progress:

@@ -21,7 +21,8 @@ def _metavar(param) -> str:
     if choices:
         return "[" + "|".join(str(getattr(c, "value", c)) for c in choices) + "]"
     return {"str": "TEXT", "text": "TEXT", "integer": "INTEGER", "float": "FLOAT", "path": "FILE"}.get(
-        param.type.name, param.type.name.upper())
+        param.type.name, param.type.name.upper()
+    )
 
 
 def _option_lines(command) -> list[str]:

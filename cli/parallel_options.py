@@ -5,37 +5,70 @@ from typing import Annotated, Optional
 
 import typer
 
-JobsOption = Annotated[Optional[str], typer.Option(
-    "--jobs", metavar="N|auto",
-    help="Spread the capsules over N worker processes (auto: one per CPU core; on cuda one per GPU of --devices). "
-         "The report is the serial one; a worker that dies is an ERROR of its capsule only.")]
-DevicesOption = Annotated[Optional[str], typer.Option(
-    "--devices", metavar="0,1|all", help="The GPUs the cuda workers of --jobs are pinned to, in turn (default all).")]
-IsolateOption = Annotated[Optional[bool], typer.Option(
-    "--isolate/--no-isolate",
-    help="Where the kernels run. Default on emu and cuda: one worker process, replaced after a death, so that a "
-         "kernel that crashes or hangs costs its own capsule only. --isolate: a fresh process for every capsule. "
-         "--no-isolate: here, in this process (to debug under gdb).")]
-LaunchTimeoutOption = Annotated[Optional[float], typer.Option(
-    "--launch-timeout", metavar="SECONDS",
-    help="The emulator's watchdog: a launch running longer is ended as hung (default 120, or "
-         "CAPSULES_LAUNCH_TIMEOUT; 0: none).")]
-RayOption = Annotated[Optional[str], typer.Option(
-    "--ray", metavar="ADDRESS",
-    help="Each capsule a task on a Ray cluster: local (start one here), auto (the one `ray start` runs here) or "
-         "HOST:PORT; needs the ray extra.")]
+JobsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--jobs",
+        metavar="N|auto",
+        help="Spread the capsules over N worker processes (auto: one per CPU core; on cuda one per GPU of --devices). "
+        "The report is the serial one; a worker that dies is an ERROR of its capsule only.",
+    ),
+]
+DevicesOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--devices", metavar="0,1|all", help="The GPUs the cuda workers of --jobs are pinned to, in turn (default all)."
+    ),
+]
+IsolateOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--isolate/--no-isolate",
+        help="Where the kernels run. Default on emu and cuda: one worker process, replaced after a death, so that a "
+        "kernel that crashes or hangs costs its own capsule only. --isolate: a fresh process for every capsule. "
+        "--no-isolate: here, in this process (to debug under gdb).",
+    ),
+]
+LaunchTimeoutOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--launch-timeout",
+        metavar="SECONDS",
+        help="The emulator's watchdog: a launch running longer is ended as hung (default 120, or "
+        "CAPSULES_LAUNCH_TIMEOUT; 0: none).",
+    ),
+]
+RayOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="Each capsule a task on a Ray cluster: local (start one here), auto (the one `ray start` runs here) or "
+        "HOST:PORT; needs the ray extra.",
+    ),
+]
 
 
 def launch_timeout_option(seconds: Optional[float]) -> Optional[float]:
     """--launch-timeout checked (a finite number of seconds, 0 for none); exit 2 naming the rule."""
     from cli.common import EXIT_USAGE, fail
+
     if seconds is not None and not 0 <= seconds < float("inf"):
         raise fail(f"--launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {seconds:g}", EXIT_USAGE)
     return seconds
 
 
-def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optional[str], capsules: int, *,
-           isolate: Optional[bool] = None, device: int = 0, launch_timeout: Optional[float] = None):
+def spread(
+    backend: str,
+    jobs: Optional[str],
+    devices: Optional[str],
+    ray: Optional[str],
+    capsules: int,
+    *,
+    isolate: Optional[bool] = None,
+    device: int = 0,
+    launch_timeout: Optional[float] = None,
+):
     """Where the options put the capsules: local workers, a Ray cluster, or None (here, one after
     another). Without --jobs or --ray, the kernels of emu and cuda run contained in one worker
     process unless --no-isolate. A usage error exits 2, a missing Ray or GPU 3."""
@@ -45,7 +78,9 @@ def spread(backend: str, jobs: Optional[str], devices: Optional[str], ray: Optio
 
     try:
         if isolate is False and (jobs is not None or ray is not None):
-            raise parallel.OptionError("--no-isolate: runs the capsules in this process; give it without --jobs or --ray")
+            raise parallel.OptionError(
+                "--no-isolate: runs the capsules in this process; give it without --jobs or --ray"
+            )
         if ray is not None:
             if jobs is not None:
                 raise parallel.OptionError("--ray: runs each capsule as a Ray task; give --ray or --jobs, not both")

@@ -19,16 +19,32 @@ class Direction(str, Enum):
 
 def plan(
     op: Annotated[str, typer.Argument(help="An op name (softmax) or a native capsule name (native_cuda.softmax).")],
-    inputs: Annotated[Optional[list[str]], typer.Option(
-        "--input", "-i", help="NAME=SHAPE, e.g. x=8x4096 (() for a scalar); repeat for each input, and repeat a list "
-                              "input's name for each of its arrays. An input whose every dimension the others name "
-                              "(linear's b, layer_norm's gamma and beta) may be left out.")] = None,
-    params: Annotated[Optional[list[str]], typer.Option(
-        "--param", "-p", help="K=V, read as the op's parameter schema says: 1e-5, 2, none, 1x1 or 1,1 for a tuple.")] = None,
-    direction: Annotated[Direction, typer.Option(help="The forward launches or the backward (VJP) ones.")] = Direction.fwd,
-    arch: Annotated[Optional[ArchOption], typer.Option(
-        help="Occupancy rules and kernel build of this architecture (default: the local GPU's, else sm_90 on a "
-             "reference H200).")] = None,
+    inputs: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--input",
+            "-i",
+            help="NAME=SHAPE, e.g. x=8x4096 (() for a scalar); repeat for each input, and repeat a list "
+            "input's name for each of its arrays. An input whose every dimension the others name "
+            "(linear's b, layer_norm's gamma and beta) may be left out.",
+        ),
+    ] = None,
+    params: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--param", "-p", help="K=V, read as the op's parameter schema says: 1e-5, 2, none, 1x1 or 1,1 for a tuple."
+        ),
+    ] = None,
+    direction: Annotated[
+        Direction, typer.Option(help="The forward launches or the backward (VJP) ones.")
+    ] = Direction.fwd,
+    arch: Annotated[
+        Optional[ArchOption],
+        typer.Option(
+            help="Occupancy rules and kernel build of this architecture (default: the local GPU's, else sm_90 on a "
+            "reference H200)."
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (docs/plan-schema.md).")] = False,
 ):
     """The launches a shape gets, like a database's EXPLAIN; no GPU needed.

@@ -15,6 +15,7 @@ def pytest_collection_modifyitems(config, items):
 def _gpu_unavailable() -> str:
     try:
         import pycuda.driver as drv
+
         drv.init()
         if drv.Device.count() == 0:
             return "no CUDA device on this machine"
@@ -36,4 +37,5 @@ def machine_without_gpu(monkeypatch):
     """This machine as CI's, whatever it has: PyCUDA sees no device (for the tests of what a
     machine without a GPU does; they would test something else on a GPU machine)."""
     from capsule_core.backends import cuda
+
     monkeypatch.setattr(cuda, "probe", lambda: cuda.CudaProbe(None, None, (), "pycuda does not import (a test)"))

@@ -84,8 +84,10 @@ def build_problems(family: str, arch: str) -> list[str]:
     resources = build.resources
     problems = budget_problems(family_budget(family), build, resources)
     if set(resources) != set(refs):
-        problems.append(f"{arch}: kernels not registered {sorted(set(resources) - set(refs))}, "
-                        f"registered but not compiled {sorted(set(refs) - set(resources))}")
+        problems.append(
+            f"{arch}: kernels not registered {sorted(set(resources) - set(refs))}, "
+            f"registered but not compiled {sorted(set(refs) - set(resources))}"
+        )
     entries = build.entries
     for name, ref in refs.items():
         if name not in entries:
@@ -212,12 +214,24 @@ def plan_cases(op: str, sizes=SIZES) -> Iterator[PlanCase]:
     forward, backward = plan_functions(registry.lookup(op))
     for sample in cases(op, sizes):
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        yield PlanCase(sample, arrays, params, tuple(out_shape), forward(arrays, params),
-                       backward(arrays, params) if spec.has_vjp else None)
+        yield PlanCase(
+            sample,
+            arrays,
+            params,
+            tuple(out_shape),
+            forward(arrays, params),
+            backward(arrays, params) if spec.has_vjp else None,
+        )
 
 
-def plan_case_problems(op: str, sizes=SIZES, *, all_inputs: bool = True, reference_shapes: float = 0,
-                       check: Callable[[PlanCase], None] | None = None) -> list[str]:
+def plan_case_problems(
+    op: str,
+    sizes=SIZES,
+    *,
+    all_inputs: bool = True,
+    reference_shapes: float = 0,
+    check: Callable[[PlanCase], None] | None = None,
+) -> list[str]:
     """Over every case: the family's PLANS are the ones launch.plan_functions finds; the forward
     (and backward) plans are legal on every arch and fit the compiled kernels (fit_problems); they
     declare the outputs of result_shapes; the forward reads every input of the op (or, without
@@ -244,7 +258,9 @@ def plan_case_problems(op: str, sizes=SIZES, *, all_inputs: bool = True, referen
             for arch in ARCHES:
                 problems += [f"{where} {plan.direction} {arch}: {p}" for p in plan_problems(plan, refs, arch)]
                 for launch in plan.launches:
-                    problems += [f"{where} {plan.direction} {arch}: {p}" for p in fit_problems(launch, resources.get(arch, {}))]
+                    problems += [
+                        f"{where} {plan.direction} {arch}: {p}" for p in fit_problems(launch, resources.get(arch, {}))
+                    ]
             if {k: tuple(v) for k, v in plan.output_shapes.items()} != declared:
                 problems.append(f"{where} {plan.direction}: outputs {dict(plan.output_shapes)} != {declared}")
         names = set(plan_inputs(spec, case.arrays))
@@ -288,7 +304,9 @@ def missed_faults(plan: LaunchPlan, refs: dict, faults, index: int = 0, arch: st
         faulty = fault if isinstance(fault, LaunchPlan) else with_launch(plan, index, **fault)
         reported = plan_problems(faulty, refs, arch)
         if not any(fragment in m for m in reported):
-            problems.append(f"{'a plan' if isinstance(fault, LaunchPlan) else fault} not reported as {fragment!r}: {reported}")
+            problems.append(
+                f"{'a plan' if isinstance(fault, LaunchPlan) else fault} not reported as {fragment!r}: {reported}"
+            )
     return problems
 
 
@@ -311,8 +329,15 @@ def compared(op: str, sample, y=None, grads: dict | None = None, g=None, label: 
     where = f"{op} {sample.summary()}{label}"
     results, problems = [], []
     if y is not None:
-        results.append(("forward", y, REFERENCE.forward(spec, sample.inputs, **sample.params),
-                        REFERENCE.magnitude(spec, sample.inputs, **sample.params), spec.error))
+        results.append(
+            (
+                "forward",
+                y,
+                REFERENCE.forward(spec, sample.inputs, **sample.params),
+                REFERENCE.magnitude(spec, sample.inputs, **sample.params),
+                spec.error,
+            )
+        )
     if grads is not None:
         if set(grads) != set(spec.differentiable):
             problems.append(f"{where}: gradients of {sorted(grads)}, not of {sorted(spec.differentiable)}")
@@ -321,7 +346,9 @@ def compared(op: str, sample, y=None, grads: dict | None = None, g=None, label: 
         for name in spec.differentiable:
             model = spec.vjp_error_for(name)
             if isinstance(r[name], tuple):
-                results += [(f"d{name}[{i}]", *parts, model) for i, parts in enumerate(zip(grads[name], r[name], m[name]))]
+                results += [
+                    (f"d{name}[{i}]", *parts, model) for i, parts in enumerate(zip(grads[name], r[name], m[name]))
+                ]
             else:
                 results.append((f"d{name}", grads[name], r[name], m[name], model))
     worst = 0.0
@@ -342,8 +369,14 @@ def check_host_model(op: str, sample, forward=None, vjp=None, g=None, label: str
     arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
     if vjp is not None and g is None:
         g = cotangent(op, sample.case, out_shape)
-    result = compared(op, sample, None if forward is None else forward(arrays, params),
-                      None if vjp is None else vjp(arrays, params, g), g, label)
+    result = compared(
+        op,
+        sample,
+        None if forward is None else forward(arrays, params),
+        None if vjp is None else vjp(arrays, params, g),
+        g,
+        label,
+    )
     assert result.problems == [], "\n".join(result.problems)
     return result.worst
 
@@ -392,13 +425,18 @@ def emulated_problems(runner, op: str, sample, misalign=None, exact_bits: bool =
             exact = spec.vjp(run.arrays, run.params, y, run.g)
             for name in spec.differentiable:
                 if isinstance(spec.vjp_error_for(name), Exact):
-                    pairs = zip(run.grads[name], exact[name]) if isinstance(exact[name], tuple) else [(run.grads[name], exact[name])]
+                    pairs = (
+                        zip(run.grads[name], exact[name])
+                        if isinstance(exact[name], tuple)
+                        else [(run.grads[name], exact[name])]
+                    )
                     if not all(same_bits(a, b) for a, b in pairs):
                         problems.append(f"{op} {sample.summary()}: d{name} bits differ")
     return problems
 
 
 # -- misaligned buffers ----------------------------------------------------------------------------
+
 
 def float32_off_16(buffer) -> int:
     """A misalignment: every float32 buffer 4 bytes off 16-byte alignment (int64 metadata stays
@@ -407,6 +445,7 @@ def float32_off_16(buffer) -> int:
 
 
 # -- the kernels' paths, learned from their launches (view, index) ---------------------------------------
+
 
 def case_plans(op: str, sample) -> tuple[LaunchPlan, ...]:
     """The forward (and backward) plan of one case, as emulate() runs them."""
@@ -422,8 +461,11 @@ def emulated_paths(runner, op: str, sample, path_of, misaligned: bool = False) -
     launch of the case: the path or mode each kernel takes, learned from its entry point, arguments
     and meta data and from whether its float32 buffers are 16-byte aligned (`aligned`)."""
     assert emulated_problems(runner, op, sample, float32_off_16 if misaligned else None, exact_bits=True) == []
-    return [(launch.symbol, path_of(plan, launch, not misaligned))
-            for plan in case_plans(op, sample) for launch in plan.launches]
+    return [
+        (launch.symbol, path_of(plan, launch, not misaligned))
+        for plan in case_plans(op, sample)
+        for launch in plan.launches
+    ]
 
 
 def float32_off_16_in(*roles: str):

@@ -23,8 +23,21 @@ def load(harness: str, build_dir: str) -> ctypes.CDLL:
     """Build tests/host/<harness>.cu (which includes headers from cuda/) into a shared library."""
     source = HARNESS_DIR / f"{harness}.cu"
     target = Path(build_dir) / f"lib{harness}.so"
-    cmd = [str(find_nvcc().path), "-std=c++17", "-O2", "-shared", "-Xcompiler", "-fPIC", "-Werror", "all-warnings",
-           "-I", str(cuda_source_dir()), "-o", str(target), str(source)]
+    cmd = [
+        str(find_nvcc().path),
+        "-std=c++17",
+        "-O2",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC",
+        "-Werror",
+        "all-warnings",
+        "-I",
+        str(cuda_source_dir()),
+        "-o",
+        str(target),
+        str(source),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"host build of {source.name} failed:\n{result.stderr}")
@@ -52,8 +65,15 @@ def declare_kernels(lib: ctypes.CDLL, refs) -> ctypes.CDLL:
     parameters (float pointers as float*)."""
     from capsule_core.launch import parse_param
 
-    return declare(lib, {ref.symbol.replace("capsule_", "host_", 1):
-                         [F32P if p.pointer else CTYPES[p.ctype] for p in map(parse_param, ref.params)] for ref in refs})
+    return declare(
+        lib,
+        {
+            ref.symbol.replace("capsule_", "host_", 1): [
+                F32P if p.pointer else CTYPES[p.ctype] for p in map(parse_param, ref.params)
+            ]
+            for ref in refs
+        },
+    )
 
 
 def f32(a) -> np.ndarray:
@@ -73,4 +93,3 @@ def ptr(a: np.ndarray):
 def f32_ptr(a: np.ndarray):
     assert a.dtype == np.float32 and a.flags.c_contiguous
     return a.ctypes.data_as(F32P)
-

@@ -90,6 +90,7 @@ def emulator(max_grid: tuple[int, int] = (4, 4)) -> PlanRunner:
         find_host_compiler()
     except EnvironmentMissing as exc:
         import pytest
+
         pytest.skip(str(exc))
     return PlanRunner(GridCappedEmu(max_grid))
 

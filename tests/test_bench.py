@@ -25,7 +25,9 @@ FAST = ("--size", "small", "--max-time", "0.02", "--warmup", "1", "--min-samples
 # -- statistics ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [[5.0], [3.0, 1.0], [1.0, 2.0, 3.0, 4.0], list(np.random.default_rng(1).random(101))])
+@pytest.mark.parametrize(
+    "values", [[5.0], [3.0, 1.0], [1.0, 2.0, 3.0, 4.0], list(np.random.default_rng(1).random(101))]
+)
 def test_summary_matches_numpys_linear_percentiles(values):
     s = bench.summarize(values)
     assert s.n == len(values)
@@ -101,7 +103,7 @@ def test_stopping_rule_converges_once_the_noise_settles():
 
 def test_stopping_rule_decides_in_order():
     rule = bench.StoppingRule(noise=0.05, min_samples=4, max_time_s=1.0, max_samples=6)
-    assert rule.decide([1.0, 1.0, 1.0], 0.0) is None                 # too few samples for the noise test
+    assert rule.decide([1.0, 1.0, 1.0], 0.0) is None  # too few samples for the noise test
     assert rule.decide([1.0, 1.0, 1.0, 1.01], 0.0) == "noise"
     assert rule.decide([1.0, 2.0, 3.0, 4.0], 0.5) is None
     assert rule.decide([1.0, 2.0, 3.0, 4.0], 1.0) == "time cap"
@@ -164,16 +166,20 @@ def test_pointwise_cost_by_hand():
 
 
 def peaks(bandwidth=1e12, compute=1e13):
-    return bench.Peaks(bench.Peak("bandwidth", bandwidth, 0, "test", None), bench.Peak("compute", compute, 0, "test", None))
+    return bench.Peaks(
+        bench.Peak("bandwidth", bandwidth, 0, "test", None), bench.Peak("compute", compute, 0, "test", None)
+    )
 
 
 def test_throughput_takes_the_roof_that_bounds_the_intensity():
     p = peaks()  # ridge at 10 flop/byte
     assert p.ridge == 10
-    memory = bench.throughput(Cost(600, 400, 1000), 1e-9, p)    # 1 flop/byte, 1 kB in 1 ns
+    memory = bench.throughput(Cost(600, 400, 1000), 1e-9, p)  # 1 flop/byte, 1 kB in 1 ns
     assert memory.bound == "memory" and memory.gbps == pytest.approx(1000) and memory.peak_pct == pytest.approx(100)
-    compute = bench.throughput(Cost(50, 50, 5000), 1e-9, p)     # 50 flop/byte
-    assert compute.bound == "compute" and compute.gflops == pytest.approx(5000) and compute.peak_pct == pytest.approx(50)
+    compute = bench.throughput(Cost(50, 50, 5000), 1e-9, p)  # 50 flop/byte
+    assert (
+        compute.bound == "compute" and compute.gflops == pytest.approx(5000) and compute.peak_pct == pytest.approx(50)
+    )
     copy = bench.throughput(Cost(4, 4, 0), 1e-9, p)
     assert copy.bound == "memory" and copy.intensity == 0
     unknown = bench.throughput(Cost(4, 4, 4), 1e-9, bench.Peaks(None, None, ("no GPU",)))
@@ -183,10 +189,18 @@ def test_throughput_takes_the_roof_that_bounds_the_intensity():
 # -- sizes and resizing --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [("small", ("small", None)), ("LARGE", ("large", None)),
-                                            ("1GiB", ("large", 2**30)), ("256MB", ("large", 256 * 10**6)),
-                                            ("1e9", ("large", 10**9)), ("64kib", ("large", 65536)),
-                                            ("auto", ("large", None))])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("small", ("small", None)),
+        ("LARGE", ("large", None)),
+        ("1GiB", ("large", 2**30)),
+        ("256MB", ("large", 256 * 10**6)),
+        ("1e9", ("large", 10**9)),
+        ("64kib", ("large", 65536)),
+        ("auto", ("large", None)),
+    ],
+)
 def test_parse_size(text, expected):
     size = bench.parse_size(text)
     assert (size.samples, size.target_bytes) == expected
@@ -207,8 +221,24 @@ def resized_cost(op, target, case=0):
     return new, spec.cost(shapes_of(arrays), params), note
 
 
-@pytest.mark.parametrize("op", ["relu", "add", "softmax", "layer_norm", "matmul", "conv", "gather", "slice",
-                                "broadcast", "concat", "rand_uniform", "selective_scan", "reduce_sum"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "relu",
+        "add",
+        "softmax",
+        "layer_norm",
+        "matmul",
+        "conv",
+        "gather",
+        "slice",
+        "broadcast",
+        "concat",
+        "rand_uniform",
+        "selective_scan",
+        "reduce_sum",
+    ],
+)
 def test_resize_reaches_the_target_and_keeps_the_input_valid(op):
     new, cost, note = resized_cost(op, 64 << 20)
     assert cost.bytes == pytest.approx(64 << 20, rel=0.02), note
@@ -217,7 +247,9 @@ def test_resize_reaches_the_target_and_keeps_the_input_valid(op):
 
 def test_resize_stretches_the_shared_axis_only():
     new, _, _ = resized_cost("matmul", 50 << 20)
-    assert new.inputs["b"].shape == (1024, 1024) and new.inputs["a"].shape[1] == 1024 and new.inputs["a"].shape[0] > 1024
+    assert (
+        new.inputs["b"].shape == (1024, 1024) and new.inputs["a"].shape[1] == 1024 and new.inputs["a"].shape[0] > 1024
+    )
     new, _, _ = resized_cost("layer_norm", 50 << 20)
     assert new.inputs["gamma"].shape == (1024,) and new.inputs["x"].shape[1] == 1024
     new, _, _ = resized_cost("softmax", 50 << 20)
@@ -257,7 +289,9 @@ def test_every_op_has_twins_or_a_declared_reason():
         assert (name in baselines.TWINS) != (name in baselines.NO_TWIN), name
         for library in baselines.BASELINES:
             twin = baselines.TWINS.get(name)
-            assert (baselines.exclusion(name, library) is None) == (twin is not None and twin.for_library(library) is not None)
+            assert (baselines.exclusion(name, library) is None) == (
+                twin is not None and twin.for_library(library) is not None
+            )
     assert baselines.exclusion("safe_log", "torch") is None  # composed from library calls
     assert "no library twin" in baselines.exclusion("smooth_max_pool", "torch")
     assert "generator" in baselines.exclusion("rand_uniform", "numpy")
@@ -325,11 +359,17 @@ class ToyLibrary(baselines.NumpyLibrary):
 
 
 def toy_run(names=("relu", "softmax", "matmul"), size="small", **device):
-    settings = bench.Settings(bench.parse_size(size), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1),
-                              baselines=("torch", "numpy"))
+    settings = bench.Settings(
+        bench.parse_size(size), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1), baselines=("torch", "numpy")
+    )
     capsules = [registry.lookup(n) for n in names]
-    return bench.run(capsules, ToyDevice(**device), settings, "toy backend",
-                     libraries={"numpy": ToyLibrary(), "torch": baselines.TorchLibrary("cpu")})
+    return bench.run(
+        capsules,
+        ToyDevice(**device),
+        settings,
+        "toy backend",
+        libraries={"numpy": ToyLibrary(), "torch": baselines.TorchLibrary("cpu")},
+    )
 
 
 def test_engine_times_each_sample_with_throughput_and_baselines():
@@ -365,8 +405,10 @@ def test_a_failing_kernel_is_an_error_and_exit_1():
     class Broken(ToyDevice):
         def kernel_target(self, spec, arrays, params, cotangent=None):
             raise RuntimeError("illegal address")
-    settings = bench.Settings(bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1),
-                              baselines=())
+
+    settings = bench.Settings(
+        bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1), baselines=()
+    )
     result = bench.run([registry.lookup("relu")], Broken(), settings)
     assert result.cases[0].status is bench.CaseStatus.ERROR and "illegal address" in result.cases[0].reason
     assert result.exit_code == 1
@@ -385,9 +427,9 @@ def t(median, spread=0.01):
 
 
 def test_compare_is_noise_aware():
-    assert bench.classify(t(1.0), t(1.2), 0.05)[0] is bench.ChangeStatus.REGRESSED        # clear: +20% on 1% noise
+    assert bench.classify(t(1.0), t(1.2), 0.05)[0] is bench.ChangeStatus.REGRESSED  # clear: +20% on 1% noise
     assert bench.classify(t(1.0), t(0.8), 0.05)[0] is bench.ChangeStatus.IMPROVED
-    assert bench.classify(t(1.0), t(1.03), 0.05)[0] is bench.ChangeStatus.UNCHANGED      # under the threshold
+    assert bench.classify(t(1.0), t(1.03), 0.05)[0] is bench.ChangeStatus.UNCHANGED  # under the threshold
     assert bench.classify(t(1.0, 0.2), t(1.2, 0.2), 0.05)[0] is bench.ChangeStatus.NOISY  # +20% inside 20% noise
     assert bench.classify(t(1.0, 0.02), t(1.06, 0.02), 0.05)[0] is bench.ChangeStatus.NOISY  # +6%, quartiles overlap
     status, change, low, high = bench.classify(t(1.0), t(1.2), 0.05)
@@ -441,13 +483,68 @@ def test_parse_percent():
 
 # -- output formats --------------------------------------------------------------------------------
 
-SCHEMA_KEYS = {"schema", "schema_version", "tool_version", "created", "backend", "backend_note", "device", "host",
-               "settings", "compile_flags", "libraries", "peaks", "cases", "excluded", "comparison", "errors",
-               "interrupted", "seconds", "exit_code"}
-CASE_KEYS = {"op", "capsule", "case", "direction", "shape", "shapes", "params", "status", "reason", "resized", "cost", "time",
-             "gbps", "gflops", "intensity", "bound", "peak_pct", "baselines"}
-TIME_KEYS = {"timer", "median_s", "q1_s", "q3_s", "iqr_s", "rel_iqr", "min_s", "max_s", "mean_s", "samples", "stop",
-             "converged", "warmup_calls", "warmup_s", "batches", "batch_size", "cold", "guarded", "raw_s"}
+SCHEMA_KEYS = {
+    "schema",
+    "schema_version",
+    "tool_version",
+    "created",
+    "backend",
+    "backend_note",
+    "device",
+    "host",
+    "settings",
+    "compile_flags",
+    "libraries",
+    "peaks",
+    "cases",
+    "excluded",
+    "comparison",
+    "errors",
+    "interrupted",
+    "seconds",
+    "exit_code",
+}
+CASE_KEYS = {
+    "op",
+    "capsule",
+    "case",
+    "direction",
+    "shape",
+    "shapes",
+    "params",
+    "status",
+    "reason",
+    "resized",
+    "cost",
+    "time",
+    "gbps",
+    "gflops",
+    "intensity",
+    "bound",
+    "peak_pct",
+    "baselines",
+}
+TIME_KEYS = {
+    "timer",
+    "median_s",
+    "q1_s",
+    "q3_s",
+    "iqr_s",
+    "rel_iqr",
+    "min_s",
+    "max_s",
+    "mean_s",
+    "samples",
+    "stop",
+    "converged",
+    "warmup_calls",
+    "warmup_s",
+    "batches",
+    "batch_size",
+    "cold",
+    "guarded",
+    "raw_s",
+}
 
 
 def test_json_document_has_the_documented_fields():
@@ -455,7 +552,9 @@ def test_json_document_has_the_documented_fields():
     doc = json.loads(json.dumps(report.bench_record(result, "9.9"), allow_nan=False))
     assert set(doc) == SCHEMA_KEYS and doc["schema"] == "capsules.bench" and doc["schema_version"] == 1
     assert set(doc["peaks"]) == {"bandwidth", "compute", "ridge_flop_per_byte", "problems"}
-    assert doc["peaks"]["bandwidth"]["gbps"] == pytest.approx(1000) and doc["peaks"]["compute"]["gflops"] == pytest.approx(10_000)
+    assert doc["peaks"]["bandwidth"]["gbps"] == pytest.approx(1000) and doc["peaks"]["compute"][
+        "gflops"
+    ] == pytest.approx(10_000)
     ok = next(c for c in doc["cases"] if c["status"] == "OK")
     assert set(ok) == CASE_KEYS and set(ok["time"]) == TIME_KEYS
     assert set(ok["cost"]) == {"bytes_read", "bytes_written", "bytes", "flops", "intensity"}
@@ -480,7 +579,11 @@ def test_csv_has_one_row_per_case():
 def test_tables_plain_and_markdown():
     result = toy_run()
     plain = report.render_bench(result)
-    assert "measured peaks: copy 1000 GB/s (toy copy); compute 10000 GFLOP/s (toy fma); ridge 10 FLOP/B" in plain and "vs numpy" in plain and "2.00x" in plain
+    assert (
+        "measured peaks: copy 1000 GB/s (toy copy); compute 10000 GFLOP/s (toy fma); ridge 10 FLOP/B" in plain
+        and "vs numpy" in plain
+        and "2.00x" in plain
+    )
     assert "100 µs" in plain and "3 timed" not in plain
     md = report.render_bench(result, markdown=True)
     assert "| op " in md and "|---" in md.replace(":", "-")
@@ -515,6 +618,7 @@ class FakeDriver:
 
         class MemoryError_(FakeDriver.Error):
             pass
+
         self.MemoryError = MemoryError_
         self.LogicError = type("LogicError", (FakeDriver.Error,), {})
         self.LaunchError = type("LaunchError", (FakeDriver.Error,), {})
@@ -530,6 +634,7 @@ class FakeDriver:
             @staticmethod
             def synchronize():
                 pass
+
         self.Context = Context
 
         class Device:
@@ -550,6 +655,7 @@ class FakeDriver:
 
             def get_attribute(self, attribute):
                 return {"l2": 50 << 20, "sms": 132}[attribute]
+
         self.Device = Device
 
         class Allocation:
@@ -564,6 +670,7 @@ class FakeDriver:
             def free(self):
                 drv.allocated -= self.nbytes
                 self.nbytes = 0
+
         self.Allocation = Allocation
 
         class Event:
@@ -576,6 +683,7 @@ class FakeDriver:
 
             def time_since(self, start):
                 return self.t - start.t
+
         self.Event = Event
 
         FORMAT = {"P": np.uintp, "f": np.float32, "q": np.int64, "Q": np.uint64, "i": np.int32}
@@ -604,6 +712,7 @@ class FakeDriver:
             def get_function(self, name):
                 assert name.encode() in self.cubin, f"{name} is not in the loaded cubin"
                 return Function(name)
+
         self.Module = Module
 
     def init(self):
@@ -639,6 +748,7 @@ class FakeDriver:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     from capsule_core.kernels import find_nvcc
+
     try:
         find_nvcc()
     except Exception as exc:
@@ -649,8 +759,10 @@ def fake_cuda(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycuda", package)
     monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
     import atexit
+
     monkeypatch.setattr(atexit, "register", lambda fn: fn)
     from capsule_core.backends.cuda import CudaBackend
+
     return drv, CudaBackend(0)
 
 
@@ -658,8 +770,9 @@ def test_cuda_path_times_event_pairs_and_measures_both_peaks(fake_cuda):
     drv, backend = fake_cuda
     device = bench.device_for(backend)
     assert device.kind == "cuda" and device.cache_bytes == 50 << 20
-    settings = bench.Settings(bench.parse_size("small"), cold=True,
-                              rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=())
+    settings = bench.Settings(
+        bench.parse_size("small"), cold=True, rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=()
+    )
     result = bench.run([registry.lookup("relu")], device, settings, "fake")
     assert result.exit_code == 0, [c.reason for c in result.cases]
     bw, fma = result.peaks.bandwidth, result.peaks.compute
@@ -681,8 +794,9 @@ def test_cuda_path_skips_what_does_not_fit_on_the_device(fake_cuda):
     drv, backend = fake_cuda
     drv.free = 120 << 20  # room for the peaks' small share, not for 200 MB per call
     device = bench.device_for(backend)
-    settings = bench.Settings(bench.parse_size("200MB"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0),
-                              baselines=())
+    settings = bench.Settings(
+        bench.parse_size("200MB"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=()
+    )
     result = bench.run([registry.lookup("relu")], device, settings, "fake")
     case = result.cases[0]
     assert case.status is bench.CaseStatus.SKIPPED and case.reason.startswith("out of memory: needs")
@@ -702,9 +816,11 @@ def test_cuda_path_lost_context_stops_the_run(fake_cuda):
 
         def close(self):
             pass
+
     device.gpu.plan_target = lambda capsule, plan, host: Crashing()
-    settings = bench.Settings(bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0),
-                              baselines=())
+    settings = bench.Settings(
+        bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=()
+    )
     result = bench.run([registry.lookup("relu"), registry.lookup("sin")], device, settings, "fake")
     assert result.exit_code == 1 and result.peaks.compute is not None
     first, *rest = result.cases
@@ -713,6 +829,7 @@ def test_cuda_path_lost_context_stops_the_run(fake_cuda):
 
     def broken(*args, **kwargs):
         raise LaunchFailed("timed launch failed: unspecified launch failure")
+
     device.gpu.time_calls = broken
     result = bench.run([registry.lookup("relu")], device, settings, "fake")
     assert result.exit_code == 1 and result.peaks.poisoned and result.errors
@@ -728,8 +845,9 @@ def run_cli(*args):
 
 def test_cli_bench_writes_every_format(tmp_path):
     out_json, out_csv = tmp_path / "out.json", tmp_path / "out.csv"
-    result = run_cli("relu", "softmax", "--backend", "numpy", *FAST, "--json", str(out_json), "--csv", str(out_csv),
-                     "--markdown")
+    result = run_cli(
+        "relu", "softmax", "--backend", "numpy", *FAST, "--json", str(out_json), "--csv", str(out_csv), "--markdown"
+    )
     assert result.exit_code == 0, result.output
     assert "backend numpy" in result.stderr
     assert "| op " in result.stdout and "relu" in result.stdout
@@ -743,25 +861,37 @@ def test_cli_bench_writes_every_format(tmp_path):
     assert again.exit_code == 0, again.output
     assert "compared with" in again.stdout and "verdict" in again.stdout
 
-    doc["cases"] = [{**c, "time": {**c["time"], "median_s": c["time"]["median_s"] / 1000,
-                                   "q1_s": c["time"]["q1_s"] / 1000, "q3_s": c["time"]["q3_s"] / 1000}}
-                    for c in doc["cases"]]
+    doc["cases"] = [
+        {
+            **c,
+            "time": {
+                **c["time"],
+                "median_s": c["time"]["median_s"] / 1000,
+                "q1_s": c["time"]["q1_s"] / 1000,
+                "q3_s": c["time"]["q3_s"] / 1000,
+            },
+        }
+        for c in doc["cases"]
+    ]
     faster = tmp_path / "faster.json"
     faster.write_text(json.dumps(doc))
     regressed = run_cli("relu", "softmax", "--backend", "numpy", *FAST, "--compare", str(faster))
     assert regressed.exit_code == 1 and "REGRESSED relu" in regressed.stdout
 
 
-@pytest.mark.parametrize("args, code, message", [
-    ((), 2, "give capsule names, --all or --suite reference"),
-    (("nosuchop",), 2, "unknown"),
-    (("reference.relu",), 2, "launch no CUDA kernel"),
-    (("relu", "--size", "enormous"), 2, "--size"),
-    (("relu", "--threshold", "lots"), 2, "--threshold"),
-    (("relu", "--noise", "x"), 2, "--noise"),
-    (("relu", "--baseline", "none", "--baseline", "numpy"), 2, "none cannot be combined"),
-    (("relu", "--compare", "/nonexistent/old.json"), 2, "cannot read"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        ((), 2, "give capsule names, --all or --suite reference"),
+        (("nosuchop",), 2, "unknown"),
+        (("reference.relu",), 2, "launch no CUDA kernel"),
+        (("relu", "--size", "enormous"), 2, "--size"),
+        (("relu", "--threshold", "lots"), 2, "--threshold"),
+        (("relu", "--noise", "x"), 2, "--noise"),
+        (("relu", "--baseline", "none", "--baseline", "numpy"), 2, "none cannot be combined"),
+        (("relu", "--compare", "/nonexistent/old.json"), 2, "cannot read"),
+    ],
+)
 def test_cli_usage_errors(args, code, message):
     result = run_cli(*args, "--backend", "numpy")
     assert result.exit_code == code and message in result.stderr, result.output
@@ -771,6 +901,7 @@ def test_cli_environment_errors(tmp_path):
     import importlib.util
 
     from capsule_core.backends.cuda import probe
+
     if probe().problem:
         no_gpu = run_cli("relu", "--backend", "cuda")
         assert no_gpu.exit_code == 3 and "needs a GPU" in no_gpu.stderr
@@ -794,6 +925,7 @@ def test_cli_baseline_none_shows_no_ratio_columns():
 @pytest.mark.gpu
 def test_bench_on_the_gpu_measures_peaks_and_times_relu():
     from capsule_core.backends.cuda import CudaBackend
+
     device = bench.device_for(CudaBackend(0))
     settings = bench.Settings(bench.parse_size("16MB"), rule=bench.StoppingRule(min_samples=5), baselines=())
     result = bench.run([registry.lookup("relu")], device, settings, "gpu test")
@@ -806,6 +938,7 @@ def test_bench_on_the_gpu_measures_peaks_and_times_relu():
 
 def test_docstring_examples_run():
     import doctest
+
     assert doctest.testmod(bench, raise_on_error=True).attempted >= 6
 
 

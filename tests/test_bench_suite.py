@@ -31,8 +31,12 @@ RULE = ("--max-time", "0.02", "--warmup", "1", "--min-samples", "3")
 def test_reference_cases_are_valid_inputs_of_their_ops_and_legal_plans(case):
     spec = get_spec(case.op)
     sample = case.stand_in()
-    floats = [a for t in spec.inputs if t.dtype == "float32"
-              for a in (sample.inputs[t.name] if t.variadic else (sample.inputs[t.name],))]
+    floats = [
+        a
+        for t in spec.inputs
+        if t.dtype == "float32"
+        for a in (sample.inputs[t.name] if t.variadic else (sample.inputs[t.name],))
+    ]
     assert all(a.strides == (0,) * a.ndim for a in floats)  # views of one zero: nothing of the case's size
     check_input_names(spec, sample.inputs)
     params = normalize_params(spec, sample.params)
@@ -53,14 +57,17 @@ def test_reference_suite_holds_the_issues_shapes_once_each():
     assert len(by_name) == len(REFERENCE.cases) and SUITES["reference"] is REFERENCE
     shapes = {(c.op, c.direction, tuple(sorted((k, v) for k, v in c.shapes.items()))) for c in REFERENCE.cases}
     for op, direction, inputs in [
-            ("relu", "fwd", {"x": (2**28,)}), ("reduce_sum", "fwd", {"x": (2**28,)}),
-            ("softmax", "fwd", {"x": (32, 65536)}), ("softmax", "fwd", {"x": (4096, 4096)}),
-            ("layer_norm", "fwd", {"x": (4096, 8192), "gamma": (8192,), "beta": (8192,)}),
-            ("layer_norm", "bwd", {"x": (4096, 8192), "gamma": (8192,), "beta": (8192,)}),
-            ("matmul", "fwd", {"a": (4096, 4096), "b": (4096, 4096)}),
-            ("linear", "fwd", {"x": (8, 4096), "w": (4096, 4096), "b": (4096,)}),
-            ("conv", "fwd", {"x": (32, 64, 224, 224), "w": (64, 64, 3, 3), "b": (64,)}),
-            ("fft_fno", "fwd", {"x": (20, 4096, 64), "w_re": (16, 64, 64), "w_im": (16, 64, 64)})]:
+        ("relu", "fwd", {"x": (2**28,)}),
+        ("reduce_sum", "fwd", {"x": (2**28,)}),
+        ("softmax", "fwd", {"x": (32, 65536)}),
+        ("softmax", "fwd", {"x": (4096, 4096)}),
+        ("layer_norm", "fwd", {"x": (4096, 8192), "gamma": (8192,), "beta": (8192,)}),
+        ("layer_norm", "bwd", {"x": (4096, 8192), "gamma": (8192,), "beta": (8192,)}),
+        ("matmul", "fwd", {"a": (4096, 4096), "b": (4096, 4096)}),
+        ("linear", "fwd", {"x": (8, 4096), "w": (4096, 4096), "b": (4096,)}),
+        ("conv", "fwd", {"x": (32, 64, 224, 224), "w": (64, 64, 3, 3), "b": (64,)}),
+        ("fft_fno", "fwd", {"x": (20, 4096, 64), "w_re": (16, 64, 64), "w_im": (16, 64, 64)}),
+    ]:
         assert (op, direction, tuple(sorted(inputs.items()))) in shapes, (op, direction, inputs)
     pools = {(c.direction, c.params["kernel"], c.params.get("stride")) for c in REFERENCE.cases if c.op == "max_pool"}
     assert pools == {("fwd", 2, None), ("bwd", 3, 2)}
@@ -88,24 +95,28 @@ def test_a_case_refuses_an_unknown_direction():
 
 # -- the engine ----------------------------------------------------------------------------------
 
-SMALL = Suite("small", (  # the reference suite's ops, directions and parameters at sizes a test can run
-    SuiteCase("relu", "1000", {"x": (1000,)}),
-    SuiteCase("softmax", "4x64", {"x": (4, 64)}),
-    SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}),
-    SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}, direction="bwd"),
-    SuiteCase("reduce_sum", "1000", {"x": (1000,)}),
-    SuiteCase("matmul", "16^3", {"a": (16, 16), "b": (16, 16)}),
-    SuiteCase("linear", "2x16 w8x16", {"x": (2, 16), "w": (8, 16), "b": (8,)}),
-    SuiteCase("conv", "2x3x8x8 w4x3x3x3", {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "b": (4,)},
-              {"stride": 1, "padding": 1}),
-    SuiteCase("batch_norm", "2x3x4x4", {"x": (2, 3, 4, 4), "gamma": (3,), "beta": (3,)}),
-    SuiteCase("max_pool", "2x2 1x2x8x8", {"x": (1, 2, 8, 8)}, {"kernel": 2}),
-    SuiteCase("max_pool", "3x3s2 1x2x9x9", {"x": (1, 2, 9, 9)}, {"kernel": 3, "stride": 2, "padding": 1}, "bwd"),
-    SuiteCase("fft_fno", "B2 G16 C4 M3", {"x": (2, 16, 4), "w_re": (3, 4, 4), "w_im": (3, 4, 4)}),
-    SuiteCase("selective_scan", "B2 T16 D3", {"x": (2, 16, 3), "a": (2, 16, 3), "b": (2, 16, 3), "h0": (2, 3)}),
-    SuiteCase("permute", "8x6 transpose", {"x": (8, 6)}, {"perm": (1, 0)}),
-    SuiteCase("concat", "2x 3x4 axis 1", {"xs": ((3, 4), (3, 4))}, {"axis": 1}),
-))
+SMALL = Suite(
+    "small",
+    (  # the reference suite's ops, directions and parameters at sizes a test can run
+        SuiteCase("relu", "1000", {"x": (1000,)}),
+        SuiteCase("softmax", "4x64", {"x": (4, 64)}),
+        SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}),
+        SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}, direction="bwd"),
+        SuiteCase("reduce_sum", "1000", {"x": (1000,)}),
+        SuiteCase("matmul", "16^3", {"a": (16, 16), "b": (16, 16)}),
+        SuiteCase("linear", "2x16 w8x16", {"x": (2, 16), "w": (8, 16), "b": (8,)}),
+        SuiteCase(
+            "conv", "2x3x8x8 w4x3x3x3", {"x": (2, 3, 8, 8), "w": (4, 3, 3, 3), "b": (4,)}, {"stride": 1, "padding": 1}
+        ),
+        SuiteCase("batch_norm", "2x3x4x4", {"x": (2, 3, 4, 4), "gamma": (3,), "beta": (3,)}),
+        SuiteCase("max_pool", "2x2 1x2x8x8", {"x": (1, 2, 8, 8)}, {"kernel": 2}),
+        SuiteCase("max_pool", "3x3s2 1x2x9x9", {"x": (1, 2, 9, 9)}, {"kernel": 3, "stride": 2, "padding": 1}, "bwd"),
+        SuiteCase("fft_fno", "B2 G16 C4 M3", {"x": (2, 16, 4), "w_re": (3, 4, 4), "w_im": (3, 4, 4)}),
+        SuiteCase("selective_scan", "B2 T16 D3", {"x": (2, 16, 3), "a": (2, 16, 3), "b": (2, 16, 3), "h0": (2, 3)}),
+        SuiteCase("permute", "8x6 transpose", {"x": (8, 6)}, {"perm": (1, 0)}),
+        SuiteCase("concat", "2x 3x4 axis 1", {"xs": ((3, 4), (3, 4))}, {"axis": 1}),
+    ),
+)
 
 
 class CallOnceDevice(ToyDevice):
@@ -139,14 +150,21 @@ class GradLibrary(ToyLibrary):
         def call():
             grads = NUMPY_F32.vjp("layer_norm", arrays, cotangent, **params)
             return tuple(grads[name] * (1 + self.error) for name in names)
+
         return call
 
 
 def suite_run(suite=SMALL, device=None, library=None):
-    settings = bench.Settings(bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1),
-                              baselines=("torch", "numpy"))
-    return bench.run_suite(suite, device or CallOnceDevice(), settings, "toy backend",
-                           libraries={"numpy": library or ToyLibrary(), "torch": baselines.TorchLibrary("cpu")})
+    settings = bench.Settings(
+        bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.1), baselines=("torch", "numpy")
+    )
+    return bench.run_suite(
+        suite,
+        device or CallOnceDevice(),
+        settings,
+        "toy backend",
+        libraries={"numpy": library or ToyLibrary(), "torch": baselines.TorchLibrary("cpu")},
+    )
 
 
 def test_a_suite_runs_every_case_at_its_shapes_and_in_its_direction():
@@ -163,7 +181,8 @@ def test_a_suite_runs_every_case_at_its_shapes_and_in_its_direction():
     assert (bwd.cost.bytes_read, bwd.cost.bytes_written, bwd.cost.flops) == (4 * (128 + 64 + 128), 4 * (128 + 64), 0)
     assert bwd.throughput.gflops is None and bwd.throughput.intensity is None
     assert bwd.throughput.bound == "memory" and bwd.throughput.peak_pct == pytest.approx(
-        100 * bwd.cost.bytes / 1e-4 / 1e12)  # its traffic over the toy copy peak of 1 TB/s
+        100 * bwd.cost.bytes / 1e-4 / 1e12
+    )  # its traffic over the toy copy peak of 1 TB/s
     numpy = next(b for b in bwd.baselines if b.name == "numpy")
     assert numpy.status is bench.BaselineStatus.EXCLUDED and "no backward twin" in numpy.reason
     fwd = next(c for c in result.cases if c.op == "layer_norm" and c.direction == "fwd")
@@ -193,7 +212,8 @@ def test_the_numpy_backend_skips_reference_cases_beyond_its_limit_without_making
     skipped = {f"{c.op} {c.case}": c.reason for c in result.cases if c.status is bench.CaseStatus.SKIPPED}
     assert len(skipped) == len(REFERENCE.cases) - 1
     assert skipped["relu 2^28 fwd"].startswith(
-        "working set 2048 MiB (inputs, output) is beyond the numpy backend's 17 MiB")
+        "working set 2048 MiB (inputs, output) is beyond the numpy backend's 17 MiB"
+    )
     assert "(inputs, output, cotangent, gradients)" in skipped["layer_norm 4096x8192 bwd"]
     assert bench.NumpyDevice.suite_limit == bench.NUMPY_SUITE_LIMIT and bench.CudaDevice.suite_limit is None
 
@@ -202,6 +222,7 @@ def test_a_device_without_a_backward_plan_skips_the_backward_cases():
     class ForwardOnly(CallOnceDevice):
         def unavailable(self, spec, direction="fwd"):
             return "no backward launch plan" if direction == "bwd" else None
+
     result = suite_run(device=ForwardOnly())
     for c in result.cases:
         assert (c.status is bench.CaseStatus.SKIPPED) == (c.direction == "bwd")
@@ -250,14 +271,17 @@ def test_compare_matches_suite_cases_across_runs():
 # -- the command ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (("--suite", "reference", "relu"), 2, "--suite: cannot be combined with NAME"),
-    (("--suite", "reference", "--all"), 2, "--suite: cannot be combined with --all"),
-    (("--suite", "reference", "--size", "small"), 2, "--suite: cannot be combined with --size"),
-    (("--suite", "reference", "relu", "--all", "--size", "auto"), 2, "cannot be combined with NAME, --all, --size"),
-    (("--suite", "nope"), 2, "--suite: unknown suite 'nope' (suites: reference)"),
-    (("--suite", "reference", "--backend", "emu"), 3, "--backend emu"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (("--suite", "reference", "relu"), 2, "--suite: cannot be combined with NAME"),
+        (("--suite", "reference", "--all"), 2, "--suite: cannot be combined with --all"),
+        (("--suite", "reference", "--size", "small"), 2, "--suite: cannot be combined with --size"),
+        (("--suite", "reference", "relu", "--all", "--size", "auto"), 2, "cannot be combined with NAME, --all, --size"),
+        (("--suite", "nope"), 2, "--suite: unknown suite 'nope' (suites: reference)"),
+        (("--suite", "reference", "--backend", "emu"), 3, "--backend emu"),
+    ],
+)
 def test_cli_suite_usage_errors(args, code, message):
     result = runner.invoke(app, ["bench", *args])
     assert result.exit_code == code and message in result.stderr, result.output
@@ -267,8 +291,9 @@ def test_cli_suite_usage_errors(args, code, message):
 def test_cli_reference_suite_on_numpy(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.NumpyDevice, "suite_limit", 17 << 20)  # softmax 32x65536 alone: a quick run
     out = tmp_path / "suite.json"
-    result = runner.invoke(app, ["bench", "--suite", "reference", "--backend", "numpy", *RULE, "--baseline", "numpy",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app, ["bench", "--suite", "reference", "--backend", "numpy", *RULE, "--baseline", "numpy", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert any(t.startswith("softmax") and "32x65536 fwd" in t and "x(32,65536)" in t for t in lines)
@@ -291,19 +316,26 @@ def test_cuda_backward_cases_launch_the_backward_plans(fake_cuda):  # noqa: F811
     drv, backend = fake_cuda
     device = bench.device_for(backend)
     assert device.suite_limit is None
-    suite = Suite("bwd", (  # backward plans, one of which reads the forward's y
-        SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}, direction="bwd"),
-        SuiteCase("selective_scan", "B2 T16 D3", {"x": (2, 16, 3), "a": (3,), "b": (3,), "h0": (2, 3)},
-                  direction="bwd"),
-        SuiteCase("softmax", "4x64", {"x": (4, 64)}),
-    ))
-    settings = bench.Settings(bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0),
-                              baselines=())
+    suite = Suite(
+        "bwd",
+        (  # backward plans, one of which reads the forward's y
+            SuiteCase("layer_norm", "4x32", {"x": (4, 32), "gamma": (32,), "beta": (32,)}, direction="bwd"),
+            SuiteCase(
+                "selective_scan", "B2 T16 D3", {"x": (2, 16, 3), "a": (3,), "b": (3,), "h0": (2, 3)}, direction="bwd"
+            ),
+            SuiteCase("softmax", "4x64", {"x": (4, 64)}),
+        ),
+    )
+    settings = bench.Settings(
+        bench.parse_size("small"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=()
+    )
     result = bench.run_suite(suite, device, settings, "fake")
     assert result.exit_code == 0, [c.reason for c in result.cases]
     assert [(c.op, c.direction, c.status) for c in result.cases] == [
-        ("layer_norm", "bwd", bench.CaseStatus.OK), ("selective_scan", "bwd", bench.CaseStatus.OK),
-        ("softmax", "fwd", bench.CaseStatus.OK)]
+        ("layer_norm", "bwd", bench.CaseStatus.OK),
+        ("selective_scan", "bwd", bench.CaseStatus.OK),
+        ("softmax", "fwd", bench.CaseStatus.OK),
+    ]
     for case in suite.cases:
         sample = case.stand_in()
         plans = plan_functions(lookup(f"native_cuda.{case.op}"))

@@ -59,7 +59,8 @@ def test_budget_names_the_figure_and_the_budget():
     assert budget.problems("k", dataclasses.replace(within, registers=40)) == ["k: 40 registers, over its budget of 32"]
     assert budget.problems("k_gemm", dataclasses.replace(within, registers=100)) == []
     assert budget.problems("k", dataclasses.replace(within, spill_stores=8, spill_loads=4)) == [
-        "k: spills 8 bytes stored and 4 loaded, over its budget of 0"]
+        "k: spills 8 bytes stored and 4 loaded, over its budget of 0"
+    ]
     stack = dataclasses.replace(within, stack_bytes=32)
     assert budget.problems("k_sin", stack) == []
     assert budget.problems("k", stack) == ["k: a 32-byte stack frame, over its budget of 0 (no slow path declared)"]
@@ -88,7 +89,9 @@ def test_an_undeclared_stack_frame_fails_check(monkeypatch):
     lower_budget(monkeypatch, "pointwise", stack_frames={})
     result, doc = check_json("sin")
     assert result.exit_code == 1 and doc["exit_code"] == 1
-    assert any("capsule_sin_bwd: a 32-byte stack frame, over its budget of 0" in m for m in budget_item(doc)["messages"])
+    assert any(
+        "capsule_sin_bwd: a 32-byte stack frame, over its budget of 0" in m for m in budget_item(doc)["messages"]
+    )
 
 
 def test_a_planted_unused_variable_fails_check_naming_the_warning(monkeypatch, tmp_path):
@@ -98,7 +101,7 @@ def test_a_planted_unused_variable_fails_check_naming_the_warning(monkeypatch, t
     path = sources / "random.cu"
     text = path.read_text()
     body = text.index("{", text.index("capsule_rand_uniform_fwd("))
-    path.write_text(text[:body + 1] + "\n    int planted_unused = 0;" + text[body + 1:])
+    path.write_text(text[: body + 1] + "\n    int planted_unused = 0;" + text[body + 1 :])
     monkeypatch.setattr(check_engine, "cuda_source_dir", lambda: sources)
     monkeypatch.setattr(kernels, "cuda_source_dir", lambda: sources)
     monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path / "cache"))
@@ -108,11 +111,15 @@ def test_a_planted_unused_variable_fails_check_naming_the_warning(monkeypatch, t
     assert message.startswith("sm_90: nvcc warning (budget: 0 warnings): ")
     assert 'variable "planted_unused" was declared but never referenced' in message
     shown = json.loads(runner.invoke(app, ["show", "rand_uniform", "--format", "json"]).stdout)
-    assert "; OVER BUDGET: 1 nvcc warnings in cuda/random.cu (at most " in shown["kernel_resources"]["capsule_rand_uniform_fwd"]
+    assert (
+        "; OVER BUDGET: 1 nvcc warnings in cuda/random.cu (at most "
+        in shown["kernel_resources"]["capsule_rand_uniform_fwd"]
+    )
 
 
 def test_the_family_tests_read_the_same_budget(monkeypatch):
     from family_checks import build_problems
+
     assert build_problems("pointwise", "sm_90") == []
     lower_budget(monkeypatch, "pointwise", max_registers=8)
     assert any("over its budget of 8" in p for p in build_problems("pointwise", "sm_90"))
@@ -135,6 +142,7 @@ def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_rep
 
     def crashing(arrays, params):
         raise ZeroDivisionError("float division by zero")
+
     forward, backward = pointwise.PLANS["relu"]
     monkeypatch.setitem(pointwise.PLANS, "relu", (crashing, backward))
     launch._family_plans.cache_clear()
@@ -143,7 +151,11 @@ def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_rep
     item = next(i for i in doc["capsules"][0]["checks"] if i["id"] == "launch.plan")
     assert item["status"] == "FAILED"
     assert "the plan function raised ZeroDivisionError: float division by zero" in item["messages"][0]
-    verified = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--no-isolate", "--check",
-                                   "launch.plan", "--check", "value"])  # in-process: the workers would not see the patch
+    verified = runner.invoke(
+        app,
+        ["verify", "relu", "--backend", "emu", "--quick", "--no-isolate", "--check", "launch.plan", "--check", "value"],
+    )  # in-process: the workers would not see the patch
     assert verified.exit_code == 1 and "Traceback" not in verified.stdout + verified.stderr
-    assert "FAILED native_cuda.relu launch.plan" in verified.stdout and "ERROR native_cuda.relu value" in verified.stdout
+    assert (
+        "FAILED native_cuda.relu launch.plan" in verified.stdout and "ERROR native_cuda.relu value" in verified.stdout
+    )

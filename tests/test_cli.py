@@ -29,8 +29,9 @@ def test_list_native_json_is_the_seed_catalog():
     assert all(r["name"] == f"native_cuda.{r['op']}" for r in rows)
 
 
-@pytest.mark.parametrize("fmt, marker", [("table", "native_cuda.relu"), ("csv", "name,op,family"),
-                                         ("markdown", "| name")])
+@pytest.mark.parametrize(
+    "fmt, marker", [("table", "native_cuda.relu"), ("csv", "name,op,family"), ("markdown", "| name")]
+)
 def test_list_formats(fmt, marker):
     result = run("list", "--format", fmt)
     assert result.exit_code == 0 and marker in result.stdout
@@ -40,7 +41,8 @@ def test_list_formats(fmt, marker):
 def test_list_filters_and_bad_filter():
     result = run("list", "--vjp", "none", "--module", "native_cuda", "--format", "csv")
     assert result.stdout.strip().splitlines()[1:] and all(
-        line.split(",")[1] in ("rand_uniform", "bernoulli_mask") for line in result.stdout.strip().splitlines()[1:])
+        line.split(",")[1] in ("rand_uniform", "bernoulli_mask") for line in result.stdout.strip().splitlines()[1:]
+    )
     bad = run("list", "--module", "native_cudaa")
     assert bad.exit_code == 2 and "did you mean native_cuda" in bad.stderr
 
@@ -49,9 +51,17 @@ def test_show_matmul_states_policy_vjp_layout_and_evidence():
     result = run("show", "matmul")
     assert result.exit_code == 0
     out = result.stdout
-    for text in ("native_cuda.matmul", "implementation-defined", "backend_vjp", "flat_row_major",
-                 "evidence: runtime_guard(capsule_core.ops.base.validate)", "evidence: test_suite(verify:value)",
-                 "evidence: test_suite(verify:vjp)", "capsule_matmul_fwd(", "cuda/linalg.cu"):
+    for text in (
+        "native_cuda.matmul",
+        "implementation-defined",
+        "backend_vjp",
+        "flat_row_major",
+        "evidence: runtime_guard(capsule_core.ops.base.validate)",
+        "evidence: test_suite(verify:value)",
+        "evidence: test_suite(verify:vjp)",
+        "capsule_matmul_fwd(",
+        "cuda/linalg.cu",
+    ):
         assert text in out, text
 
 
@@ -89,7 +99,8 @@ def test_select_by_device_and_provider():
     assert record["chosen"] is None
     assert {r["capsule"]: r["reason"] for r in record["refused"]} == {
         "native_cuda.sin": "runs on cuda, the policy asks for cpu",
-        "reference.sin": "provider reference is excluded by only:native_cuda"}
+        "reference.sin": "provider reference is excluded by only:native_cuda",
+    }
 
 
 def test_select_usage_errors_exit_2():
@@ -134,11 +145,16 @@ def test_show_gives_ptxas_resources_of_each_kernel():
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     fwd = lines.index(next(line for line in lines if "capsule_relu_fwd(" in line))
-    assert lines[fwd + 1].strip().startswith("sm_90: ") and "registers" in lines[fwd + 1] and "spill bytes" in lines[fwd + 1]
+    assert (
+        lines[fwd + 1].strip().startswith("sm_90: ")
+        and "registers" in lines[fwd + 1]
+        and "spill bytes" in lines[fwd + 1]
+    )
 
 
 def test_show_without_nvcc_says_why_resources_are_unknown(monkeypatch, tmp_path):
     from capsule_core import kernels
+
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -22,7 +22,7 @@ from capsule_core.kernels import cuda_source_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PLANTED = '''
+PLANTED = """
 // Planted defects for tests/test_containment.py, chosen at run time by $CAPSULES_PLANT: the
 // emulator runs device code on the host, so the kernel can read the environment (nvcc sees none).
 namespace {
@@ -57,12 +57,12 @@ __device__ void planted_defect(const float*, float*, int64_t) {}
 extern "C" __global__ void capsule_relu_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
     map_1_1(x, y, n, [](float v) { return capsule_relu_f(v); });
     planted_defect(x, y, n);
-}'''
+}"""
 
-RELU_FWD = '''
+RELU_FWD = """
 extern "C" __global__ void capsule_relu_fwd(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
     map_1_1(x, y, n, [](float v) { return capsule_relu_f(v); });
-}'''
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,9 @@ def planted(tmp_path_factory) -> Path:
             shutil.copy(source, folder / source.name)
     text = (folder / "pointwise.cu").read_text()
     assert RELU_FWD in text, "capsule_relu_fwd changed: update RELU_FWD"
-    text = text.replace(RELU_FWD, PLANTED).replace("#include <cstdint>\n", "#include <csignal>\n#include <cstdint>\n"
-                                                   "#include <cstdlib>\n#include <string>\n", 1)
+    text = text.replace(RELU_FWD, PLANTED).replace(
+        "#include <cstdint>\n", "#include <csignal>\n#include <cstdint>\n#include <cstdlib>\n#include <string>\n", 1
+    )
     (folder / "pointwise.cu").write_text(text)
     warm = capsules(folder, "", "verify", "relu", "--backend", "emu", "--quick", "--check", "value")
     assert warm.returncode == 0, warm.stdout + warm.stderr
@@ -84,41 +85,80 @@ def planted(tmp_path_factory) -> Path:
 
 
 def environment(folder: Path, plant: str, **extra) -> dict:
-    return {**os.environ, "CAPSULES_CUDA_DIR": str(folder), "CAPSULES_PLANT": plant, "CAPSULES_PROGRESS": "0",
-            "PYTHONPATH": str(ROOT), **extra}
+    return {
+        **os.environ,
+        "CAPSULES_CUDA_DIR": str(folder),
+        "CAPSULES_PLANT": plant,
+        "CAPSULES_PROGRESS": "0",
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
 
 
 def capsules(folder: Path, plant: str, *args) -> subprocess.CompletedProcess:
     """The CLI as a whole process, as a CI job runs it."""
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=environment(folder, plant),
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=ROOT,
+        env=environment(folder, plant),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def verify_planted(folder: Path, tmp_path: Path, plant: str, *extra):
     json_file, junit_file = tmp_path / "r.json", tmp_path / "r.xml"
-    proc = capsules(folder, plant, "verify", "relu", "abs", "--backend", "emu", "--quick", "--check", "value",
-                    "--check", "bounds", "--json", str(json_file), "--junit", str(junit_file), *extra)
+    proc = capsules(
+        folder,
+        plant,
+        "verify",
+        "relu",
+        "abs",
+        "--backend",
+        "emu",
+        "--quick",
+        "--check",
+        "value",
+        "--check",
+        "bounds",
+        "--json",
+        str(json_file),
+        "--junit",
+        str(junit_file),
+        *extra,
+    )
     document = json.loads(json_file.read_text())
     suites = ElementTree.parse(junit_file).getroot().findall("testsuite")
     return proc, document, suites
 
 
-@pytest.mark.parametrize("plant, expected", [
-    ("64k-past", ["SIGSEGV: write at address 0x", "65,536 bytes after the end of buffer `out` (28 bytes)",
-                  "pointwise.cu:"]),
-    ("stride", ["SIGSEGV: write at address 0x", "4,194,276 bytes after the end of buffer `out` (28 bytes)"]),
-    ("far-load", ["SIGSEGV: read at address 0x", "536,870,912 bytes after the end of buffer `x` (28 bytes)"]),
-    ("null", ["SIGSEGV: write at address (nil)", "outside the emulated device's memory"]),
-    ("after-free", ["SIGSEGV: read at address 0x", "inside buffer `x` (28 bytes), which was freed (a use after free)"]),
-    ("abort", ["abort() called (SIGABRT)"]),
-    ("hang", ["capsule_relu_fwd did not finish in 2 s (the launch timeout)", "threads 0-255 still running"]),
-])
+@pytest.mark.parametrize(
+    "plant, expected",
+    [
+        (
+            "64k-past",
+            ["SIGSEGV: write at address 0x", "65,536 bytes after the end of buffer `out` (28 bytes)", "pointwise.cu:"],
+        ),
+        ("stride", ["SIGSEGV: write at address 0x", "4,194,276 bytes after the end of buffer `out` (28 bytes)"]),
+        ("far-load", ["SIGSEGV: read at address 0x", "536,870,912 bytes after the end of buffer `x` (28 bytes)"]),
+        ("null", ["SIGSEGV: write at address (nil)", "outside the emulated device's memory"]),
+        (
+            "after-free",
+            ["SIGSEGV: read at address 0x", "inside buffer `x` (28 bytes), which was freed (a use after free)"],
+        ),
+        ("abort", ["abort() called (SIGABRT)"]),
+        ("hang", ["capsule_relu_fwd did not finish in 2 s (the launch timeout)", "threads 0-255 still running"]),
+    ],
+)
 def test_a_kernel_fault_fails_its_own_capsule_with_a_complete_report(planted, tmp_path, plant, expected):
     proc, document, suites = verify_planted(planted, tmp_path, plant, "--launch-timeout", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     statuses = {c["name"]: {r["id"]: r["status"] for r in c["checks"]} for c in document["capsules"]}
-    assert statuses == {"native_cuda.relu": {"value": "FAILED", "bounds": "FAILED"},
-                        "native_cuda.abs": {"value": "PASSED", "bounds": "PASSED"}}
+    assert statuses == {
+        "native_cuda.relu": {"value": "FAILED", "bounds": "FAILED"},
+        "native_cuda.abs": {"value": "PASSED", "bounds": "PASSED"},
+    }
     reason = document["capsules"][0]["checks"][0]["reason"]
     assert reason.startswith("forward small-0: x(7): KernelFault: capsule_relu_fwd") or plant == "after-free", reason
     assert "capsule_relu_fwd" in reason and "(launch 1/1 of the plan: capsule_relu_fwd grid" in reason
@@ -161,8 +201,22 @@ def test_no_isolate_runs_the_kernels_in_this_process(planted, tmp_path):
 
 
 def test_fuzz_shrinks_a_wild_store_and_replays_it(planted, tmp_path):
-    proc = capsules(planted, "64k-past", "fuzz", "relu", "--backend", "emu", "--examples", "20", "--seed", "3",
-                    "--save", str(tmp_path / "failures"), "--json", str(tmp_path / "f.json"))
+    proc = capsules(
+        planted,
+        "64k-past",
+        "fuzz",
+        "relu",
+        "--backend",
+        "emu",
+        "--examples",
+        "20",
+        "--seed",
+        "3",
+        "--save",
+        str(tmp_path / "failures"),
+        "--json",
+        str(tmp_path / "f.json"),
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "f.json").read_text())
     failure = record["capsules"][0]["failure"]
@@ -189,11 +243,34 @@ def test_a_stop_signal_writes_the_partial_report_and_leaves_no_worker(planted, t
     marker = f"CAPSULES_TEST_RUN={uuid.uuid4().hex}"
     name, value = marker.split("=")
     json_file, junit_file = tmp_path / "r.json", tmp_path / "r.xml"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "verify", "abs", "relu", "sub", "--backend", "emu", "--quick",
-                             "--check", "value", "--launch-timeout", "0", "--json", str(json_file),
-                             "--junit", str(junit_file)],
-                            cwd=ROOT, env=environment(planted, "hang", **{name: value}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "verify",
+            "abs",
+            "relu",
+            "sub",
+            "--backend",
+            "emu",
+            "--quick",
+            "--check",
+            "value",
+            "--launch-timeout",
+            "0",
+            "--json",
+            str(json_file),
+            "--junit",
+            str(junit_file),
+        ],
+        cwd=ROOT,
+        env=environment(planted, "hang", **{name: value}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while len(_processes_with(marker)) < 2:  # the CLI and its worker
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -212,7 +289,8 @@ def test_a_stop_signal_writes_the_partial_report_and_leaves_no_worker(planted, t
     assert document["exit_code"] == code
     done, not_run = [c["name"] for c in document["capsules"]], document["not_run"]
     assert "native_cuda.relu" in not_run and sorted(done + not_run) == sorted(
-        ["native_cuda.abs", "native_cuda.relu", "native_cuda.sub"]), document  # the workers start the longest first
+        ["native_cuda.abs", "native_cuda.relu", "native_cuda.sub"]
+    ), document  # the workers start the longest first
     assert all(c["status"] == "PASSED" for c in document["capsules"])
     short = ", ".join(n.split(".")[1] for n in not_run)
     assert f"interrupted by {stop.name}: partial report; {len(not_run)} capsules not run: {short}" in stdout
@@ -318,11 +396,35 @@ def test_a_sticky_gpu_error_costs_its_capsule_and_the_next_gets_a_fresh_context(
     (fake / "pycuda" / "__init__.py").write_text('VERSION_TEXT = "fake"\n')
     (fake / "pycuda" / "driver.py").write_text(FAKE_DRIVER)
     log, report = tmp_path / "driver.log", tmp_path / "r.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)]), "FAKE_CUDA_LOG": str(log),
-           "FAKE_CUDA_POISON": "capsule_relu_fwd", "CAPSULES_PROGRESS": "0"}
-    proc = subprocess.run([sys.executable, "-m", "cli", "verify", "relu", "abs", "--backend", "cuda", "--quick",
-                           "--check", "value", "--json", str(report)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)]),
+        "FAKE_CUDA_LOG": str(log),
+        "FAKE_CUDA_POISON": "capsule_relu_fwd",
+        "CAPSULES_PROGRESS": "0",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "verify",
+            "relu",
+            "abs",
+            "--backend",
+            "cuda",
+            "--quick",
+            "--check",
+            "value",
+            "--json",
+            str(report),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     relu, abs_ = json.loads(report.read_text())["capsules"]
     assert relu["checks"][0]["status"] == "ERROR"
@@ -336,10 +438,29 @@ def test_a_sticky_gpu_error_costs_its_capsule_and_the_next_gets_a_fresh_context(
 
 
 def test_the_pytest_plugin_contains_a_kernel_that_kills_its_worker(planted, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--capsules", "relu,abs",
-                           "--capsules-backend", "emu", "--capsules-quick", "-k", "value and not special", "-q",
-                           str(tmp_path)], cwd=tmp_path, env=environment(planted, "kill"), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--capsules",
+            "relu,abs",
+            "--capsules-backend",
+            "emu",
+            "--capsules-quick",
+            "-k",
+            "value and not special",
+            "-q",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=environment(planted, "kill"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 failed, 1 passed" in proc.stdout, proc.stdout
     assert "ERROR native_cuda.relu value: the worker process was killed by SIGKILL" in proc.stdout

@@ -17,8 +17,10 @@ from cli.app import app
 
 runner = CliRunner()
 
-pytestmark = pytest.mark.skipif(emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
-                                reason="no C++ compiler (g++ or clang++) for the emulator")
+pytestmark = pytest.mark.skipif(
+    emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
+    reason="no C++ compiler (g++ or clang++) for the emulator",
+)
 
 
 @pytest.fixture
@@ -53,8 +55,9 @@ def test_the_emulator_launches_every_planned_kernel():
 def test_no_compiler_is_one_sentence_and_exit_3(no_compiler):
     result = runner.invoke(app, ["verify", "relu", "--backend", "emu"])
     assert result.exit_code == 3
-    assert result.stderr.strip() == ("capsules: error: the emu backend needs a C++ compiler (g++ or clang++ on PATH, "
-                                     "or CXX); install g++")
+    assert result.stderr.strip() == (
+        "capsules: error: the emu backend needs a C++ compiler (g++ or clang++ on PATH, or CXX); install g++"
+    )
 
 
 def test_a_cxx_that_is_not_there_is_named(monkeypatch):

@@ -87,8 +87,9 @@ def test_the_honest_provider_raises_no_alarm_and_exercises_invalid_inputs():
     assert seen["empty"] and seen["nan"] and seen["refused"]
 
 
-@pytest.mark.parametrize("legit_id", ["reduce-sum-left-fold", "softmax-times-reciprocal", "max-pool-last-maximum",
-                                      "layer-norm-welford"])
+@pytest.mark.parametrize(
+    "legit_id", ["reduce-sum-left-fold", "softmax-times-reciprocal", "max-pool-last-maximum", "layer-norm-welford"]
+)
 def test_other_sane_implementations_raise_no_alarm(legit_id):
     """Another summation order, another tie winner, Welford's variance: the error model's domain
     (overflow, order-dependent infinities) keeps fuzzing fair to them."""
@@ -104,12 +105,15 @@ class Unguarded(NumpyBackend):
 
     def forward(self, spec, inputs, params, out):
         from capsule_core.ops.base import working_params
-        arrays = {k: (tuple(np.asarray(v, np.float32) for v in a) if isinstance(a, (tuple, list)) else np.asarray(a))
-                  for k, a in inputs.items()}
+
+        arrays = {
+            k: (tuple(np.asarray(v, np.float32) for v in a) if isinstance(a, (tuple, list)) else np.asarray(a))
+            for k, a in inputs.items()
+        }
         y = spec.forward(arrays, working_params(dict(params), np.float32))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # complex inputs: numpy warns, the kernel just runs
-            out.view.reshape(-1)[:np.size(y)] = np.asarray(y).reshape(-1)[:out.size]
+            out.view.reshape(-1)[: np.size(y)] = np.asarray(y).reshape(-1)[: out.size]
         return Run(inputs, 1)
 
 
@@ -140,8 +144,18 @@ def test_save_and_replay_round_trip_bit_for_bit(tmp_path):
 
 
 def test_replay_encodes_every_parameter_exactly(tmp_path):
-    params = {"a": math.nan, "b": -math.inf, "c": (1, -1, 0), "d": [1, "x"], "e": None, "f": True,
-              "g": 2**64 - 1, "h": 0.1, "i": -0.0, "j": "two"}
+    params = {
+        "a": math.nan,
+        "b": -math.inf,
+        "c": (1, -1, 0),
+        "d": [1, "x"],
+        "e": None,
+        "f": True,
+        "g": 2**64 - 1,
+        "h": 0.1,
+        "i": -0.0,
+        "j": "two",
+    }
     x = np.array([np.nan, -0.0, 1e-45], np.float32)
     x.view(np.uint32)[0] = 0x7FC12345  # a NaN payload
     example = engine.Example({"xs": (x, np.zeros((0, 2), np.complex64)), "index": np.arange(3)}, params, "test")
@@ -204,6 +218,7 @@ def invoke(*args):
 
 def test_docstring_example_runs():
     from cli.fuzz_command import fuzz
+
     line = next(line for line in fuzz.__doc__.splitlines() if line.strip().startswith("Example: capsules fuzz"))
     result = invoke(*line.split("capsules fuzz", 1)[1].split())
     assert result.exit_code == 0, result.output
@@ -211,14 +226,17 @@ def test_docstring_example_runs():
     assert "backend numpy" in result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    ((), "NAME: give capsule names, --all or --replay FILE"),
-    (("relu", "--time", "0"), "--time: must be a positive number"),
-    (("relu", "--examples", "0"), "--examples: must be at least 1"),
-    (("rellu",), "did you mean relu"),
-    (("relu", "--replay", "x.json"), "--replay: reruns the capsule its file names"),
-    (("--replay", "missing.json"), "--replay: cannot read missing.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "NAME: give capsule names, --all or --replay FILE"),
+        (("relu", "--time", "0"), "--time: must be a positive number"),
+        (("relu", "--examples", "0"), "--examples: must be at least 1"),
+        (("rellu",), "did you mean relu"),
+        (("relu", "--replay", "x.json"), "--replay: reruns the capsule its file names"),
+        (("--replay", "missing.json"), "--replay: cannot read missing.json"),
+    ],
+)
 def test_usage_errors_exit_2(args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr, result.output
@@ -226,6 +244,7 @@ def test_usage_errors_exit_2(args, message):
 
 def test_cuda_without_a_gpu_exits_3(monkeypatch):
     from capsule_core.backends import cuda
+
     monkeypatch.setattr(cuda, "probe", lambda: cuda.CudaProbe(None, None, (), "pycuda does not import"))
     result = invoke("relu", "--backend", "cuda")
     assert result.exit_code == 3 and "--backend cuda needs a GPU" in result.stderr
@@ -233,6 +252,7 @@ def test_cuda_without_a_gpu_exits_3(monkeypatch):
 
 def test_a_failure_exits_1_is_saved_and_replays(monkeypatch, tmp_path):
     from capsule_core.backends import select
+
     mutant = BY_ID["sub-vjp-sign"]
     monkeypatch.setattr(select, "resolve", lambda name, device=0, **_: (mutant.backend(), "backend mutant"))
     result = invoke("sub", "relu", "--examples", "200", "--seed", "0", "--save", str(tmp_path))
@@ -251,11 +271,23 @@ def test_json_and_junit_reports_for_ci(monkeypatch, tmp_path):
     from xml.etree import ElementTree
 
     from capsule_core.backends import select
+
     mutant = BY_ID["sub-vjp-sign"]
     monkeypatch.setattr(select, "resolve", lambda name, device=0, **_: (mutant.backend(), "backend mutant"))
     json_file, junit_file = tmp_path / "fuzz.json", tmp_path / "fuzz.xml"
-    result = invoke("sub", "--examples", "50", "--seed", "0", "--save", str(tmp_path / "saved"),
-                    "--json", str(json_file), "--junit", str(junit_file))
+    result = invoke(
+        "sub",
+        "--examples",
+        "50",
+        "--seed",
+        "0",
+        "--save",
+        str(tmp_path / "saved"),
+        "--json",
+        str(json_file),
+        "--junit",
+        str(junit_file),
+    )
     assert result.exit_code == 1, result.output
     document = json.loads(json_file.read_text())
     assert document["schema"] == "capsules.fuzz" and document["exit_code"] == 1 and document["seed"] == 0
@@ -267,8 +299,19 @@ def test_json_and_junit_reports_for_ci(monkeypatch, tmp_path):
     failure = suite.find("testcase/failure")
     assert failure.get("message").startswith("vjp: ") and "replay: capsules fuzz --replay" in failure.text
     monkeypatch.undo()
-    passed = invoke("relu", "--backend", "numpy", "--examples", "10", "--seed", "0", "--json", str(json_file),
-                    "--junit", str(junit_file))
+    passed = invoke(
+        "relu",
+        "--backend",
+        "numpy",
+        "--examples",
+        "10",
+        "--seed",
+        "0",
+        "--json",
+        str(json_file),
+        "--junit",
+        str(junit_file),
+    )
     assert passed.exit_code == 0, passed.output
     relu = json.loads(json_file.read_text())["capsules"][0]
     assert relu["status"] == "PASSED" and relu["examples"] > 0 and relu["failure"] is None
@@ -285,6 +328,7 @@ def test_an_unwritable_report_is_refused_before_any_work(tmp_path):
 
 def test_the_time_option_bounds_the_run():
     import time
+
     start = time.perf_counter()
     result = invoke("relu", "abs", "--backend", "numpy", "--time", "1.5", "--seed", "2")
     assert result.exit_code == 0, result.output
@@ -300,6 +344,7 @@ class Poisoning(NumpyBackend):
     def forward(self, spec, inputs, params, out):
         from capsule_core.backends.cuda import LaunchFailed
         from capsule_core.ops.base import validate
+
         validate(spec, inputs, params, np.float32)
         raise LaunchFailed(f"{spec.name} forward: an illegal memory access was encountered")
 
@@ -316,6 +361,7 @@ def test_a_poisoned_context_stops_the_run_with_an_error():
 
 def test_the_replay_format_is_documented(tmp_path):
     from pathlib import Path
+
     page = (Path(__file__).resolve().parent.parent / "docs" / "fuzz-replay.md").read_text()
     mutant = BY_ID["sub-vjp-sign"]
     document = json.loads(engine.write_replay(fuzz_one(mutant.op, mutant.backend()).failure, tmp_path).read_text())

@@ -11,14 +11,18 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def cuda_backend():
     from capsule_core.backends.cuda import CudaBackend
+
     return CudaBackend(0)
 
 
 @pytest.mark.parametrize("capsule", native_cuda.CAPSULES, ids=[c.op.value for c in native_cuda.CAPSULES])
 def test_capsule_verifies_on_the_gpu(capsule, cuda_backend):
     report = engine.verify_capsule(capsule, cuda_backend, quick=False, seed=0)
-    bad = [f"{r.check} {r.status.value}: {r.reason} | {r.repro}" for r in report.results
-           if r.status in (engine.Status.FAILED, engine.Status.ERROR, engine.Status.MISTRUSTED)]
+    bad = [
+        f"{r.check} {r.status.value}: {r.reason} | {r.repro}"
+        for r in report.results
+        if r.status in (engine.Status.FAILED, engine.Status.ERROR, engine.Status.MISTRUSTED)
+    ]
     assert bad == []
 
 
@@ -33,6 +37,7 @@ def test_a_failed_launch_is_reported_not_fatal(cuda_backend):
     from capsule_core.backends.cuda import LaunchFailed
     from capsule_core.execution import GuardedOutput
     from capsule_core.launch import plan_functions
+
     capsule = registry.lookup("relu")
     forward, _ = plan_functions(capsule)
     x = np.ones(8, np.float32)

@@ -30,7 +30,9 @@ def test_stream_bits_match_the_reference_generator(lib, seed):
     assert np.array_equal(u, uniform_values(seed, n, np.float32))
 
 
-@pytest.mark.parametrize("size, k, s, p", [(5, 3, 1, 0), (5, 3, 2, 1), (2, 5, 1, 1), (1, 5, 1, 1), (7, 7, 3, 0), (10, 4, 3, 2)])
+@pytest.mark.parametrize(
+    "size, k, s, p", [(5, 3, 1, 0), (5, 3, 2, 1), (2, 5, 1, 1), (1, 5, 1, 1), (7, 7, 3, 0), (10, 4, 3, 2)]
+)
 def test_output_lengths(lib, size, k, s, p):
     expected = 0 if size + 2 * p < k else (size + 2 * p - k) // s + 1
     assert lib.host_window_out_len(size, k, s, p) == expected

@@ -20,7 +20,7 @@ from capsule_core.errors import EnvironmentMissing
 from capsule_core.kernels import cuda_source_dir
 from capsule_core.launch import Buffer, Launch, LaunchPlan
 
-SOURCE = r'''
+SOURCE = r"""
 #include <cstdint>
 #include "common.cuh"
 __global__ void block_sums(const float* x, float* out) {
@@ -127,7 +127,7 @@ extern "C" int run_divergent_sync(float* out) { return capsule_emu::launch("dive
 extern "C" int run_divergent_shuffle(float* out) {
     return capsule_emu::launch("divergent_shuffle", dim3{1}, dim3{64}, 0, &divergent_shuffle, out);
 }
-'''
+"""
 
 
 def build(name: str, code: str, build_dir: Path) -> ctypes.CDLL:
@@ -140,8 +140,18 @@ def build(name: str, code: str, build_dir: Path) -> ctypes.CDLL:
     driver.write_text(code)
     target = build_dir / f"lib{name}_emu.so"
     source_dir = cuda_source_dir()
-    cmd = [str(compiler.path), *HOST_FLAGS, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(source_dir),
-           "-o", str(target), str(driver), f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
+    cmd = [
+        str(compiler.path),
+        *HOST_FLAGS,
+        "-include",
+        str(source_dir / EMULATOR_HEADER),
+        "-I",
+        str(source_dir),
+        "-o",
+        str(target),
+        str(driver),
+        f"-Wl,-T,{source_dir / LINKER_SCRIPT}",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"emulator build of {name} failed:\n{result.stderr}"
     return ctypes.CDLL(str(target))
@@ -202,11 +212,15 @@ def test_divergent_barriers_and_shuffles_are_reported(lib):
     """Never hung: the kernel, the block and which threads (lanes) arrived and which did not."""
     out = np.zeros(64, np.float32)
     assert lib.run_divergent_sync(out.ctypes.data) == 0
-    assert lib.last_error().decode() == ("divergent_sync block (0,0,0): __syncthreads at selftest_emu.cpp:42 reached by "
-                                         "threads 0-4 of 64; threads 5-63 exited without reaching it")
+    assert lib.last_error().decode() == (
+        "divergent_sync block (0,0,0): __syncthreads at selftest_emu.cpp:42 reached by "
+        "threads 0-4 of 64; threads 5-63 exited without reaching it"
+    )
     assert lib.run_divergent_shuffle(out.ctypes.data) == 0
-    assert lib.last_error().decode() == ("divergent_shuffle block (0,0,0): warp 0: __shfl_xor_sync at selftest_emu.cpp:47 "
-                                         "reached by lanes 0-6,8-31 of 32; lanes 7 exited without reaching it")
+    assert lib.last_error().decode() == (
+        "divergent_shuffle block (0,0,0): warp 0: __shfl_xor_sync at selftest_emu.cpp:47 "
+        "reached by lanes 0-6,8-31 of 32; lanes 7 exited without reaching it"
+    )
     x = np.ones(64, np.float32)
     assert lib.run_block_sums(1, 64, x.ctypes.data, out.ctypes.data) == 1  # the emulator recovers
 
@@ -222,7 +236,9 @@ def test_shared_memory_starts_each_block_as_a_nan_pattern(lib):
 def test_trap_ends_the_launch_naming_kernel_block_and_thread(lib):
     out = np.zeros(32, np.float32)
     assert lib.run_trap(out.ctypes.data) == 0
-    assert lib.last_error().decode() == "trap_in_block_one block (1,0,0) thread (3,0,0): __trap() at selftest_emu.cpp:59"
+    assert (
+        lib.last_error().decode() == "trap_in_block_one block (1,0,0) thread (3,0,0): __trap() at selftest_emu.cpp:59"
+    )
 
 
 def test_hardware_faults_end_the_launch_not_the_process(lib):
@@ -232,11 +248,16 @@ def test_hardware_faults_end_the_launch_not_the_process(lib):
     d, out = np.array([1, 7, 0, 1], np.int64), np.zeros(4, np.int64)
     for _ in range(2):
         assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 0
-        assert lib.last_error().decode() == "divide_by block (0,0,0) thread (2,0,0): SIGFPE, integer divide by zero in the kernel's code"
+        assert (
+            lib.last_error().decode()
+            == "divide_by block (0,0,0) thread (2,0,0): SIGFPE, integer divide by zero in the kernel's code"
+        )
         y = np.zeros(4, np.float32)
         assert lib.run_store_through(16, y.ctypes.data) == 0
-        assert lib.last_error().decode() == ("store_through block (0,0,0) thread (2,0,0): SIGSEGV: write at address 0x10 (not mapped) "
-                                             "in the kernel's code")
+        assert lib.last_error().decode() == (
+            "store_through block (0,0,0) thread (2,0,0): SIGSEGV: write at address 0x10 (not mapped) "
+            "in the kernel's code"
+        )
     d[2] = 2
     assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1
     assert out.tolist() == [7, 1, 3, 7]
@@ -250,9 +271,11 @@ def test_a_thread_that_outgrows_its_stack_ends_the_launch_not_the_process(lib):
     for _ in range(2):
         out = np.zeros(4, np.float32)
         assert lib.run_deep_stack(out.ctypes.data) == 0
-        assert lib.last_error().decode() == ("deep_stack block (0,0,0) thread (0,0,0): stack overflow: the thread needed more "
-                                             "than its 128 KiB of stack on the emulator (a large local array, or deep recursion) "
-                                             "in the kernel's code")
+        assert lib.last_error().decode() == (
+            "deep_stack block (0,0,0) thread (0,0,0): stack overflow: the thread needed more "
+            "than its 128 KiB of stack on the emulator (a large local array, or deep recursion) "
+            "in the kernel's code"
+        )
     d, out = np.array([1, 7, 2, 1], np.int64), np.zeros(4, np.int64)
     assert lib.run_divide_by(d.ctypes.data, out.ctypes.data) == 1
     assert out.tolist() == [7, 1, 3, 7]
@@ -263,8 +286,13 @@ def test_a_misaligned_vector_access_is_an_error(lib):
     base = x.ctypes.data + (-x.ctypes.data % 16)
     out = np.zeros(4, np.float32)
     assert lib.run_misaligned(base, out.ctypes.data) == 0
-    assert lib.last_error().decode().startswith(
-        f"misaligned_float4 block (0,0,0) thread (0,0,0): misaligned 16-byte access at address {base + 4:#x} at selftest_emu.cpp:")
+    assert (
+        lib.last_error()
+        .decode()
+        .startswith(
+            f"misaligned_float4 block (0,0,0) thread (0,0,0): misaligned 16-byte access at address {base + 4:#x} at selftest_emu.cpp:"
+        )
+    )
 
 
 # -- plans through DeviceBackend.execute: misaligned buffers, and what a run reports ---------------
@@ -273,10 +301,20 @@ def test_a_misaligned_vector_access_is_an_error(lib):
 def _permute_plan() -> LaunchPlan:
     """capsule_permute_fwd's buffers of every role that reaches a kernel: float32 input and output,
     int64 metadata."""
-    buffers = (Buffer("x", "input", "float32", 6), Buffer("out", "output", "float32", 6), Buffer("geometry", "meta", "int64", 3))
+    buffers = (
+        Buffer("x", "input", "float32", 6),
+        Buffer("out", "output", "float32", 6),
+        Buffer("geometry", "meta", "int64", 3),
+    )
     launch = Launch("capsule_permute_fwd", (1, 1, 1), (32, 1, 1), ("x", "out", "geometry", 1, 6))
-    return LaunchPlan("permute", "forward", buffers, (launch,), host_data={"geometry": np.array([6, 1, 7])},
-                      output_shapes={"out": (2, 3)})
+    return LaunchPlan(
+        "permute",
+        "forward",
+        buffers,
+        (launch,),
+        host_data={"geometry": np.array([6, 1, 7])},
+        output_shapes={"out": (2, 3)},
+    )
 
 
 def _recorded_args(misalign) -> tuple:
@@ -287,18 +325,22 @@ def _recorded_args(misalign) -> tuple:
         x, out, geometry = launch.args[:3]
         ctypes.memmove(out, x, 24)
         seen.append((launch.args, (ctypes.c_int64 * 3).from_address(geometry)[:]))
+
     y = HostReplay(call).run(_permute_plan(), {"x": np.arange(6, dtype=np.float32)}, misalign)["out"]
     assert np.array_equal(y, np.arange(6, dtype=np.float32).reshape(2, 3))
-    (args, geometry), = seen
+    ((args, geometry),) = seen
     assert geometry == [6, 1, 7] and args[3:] == (1, 6)
     return args
 
 
-@pytest.mark.parametrize("misalign, offsets", [
-    (None, (0, 0, 0)),
-    ({"x": 1, "out": 3, "geometry": 1}, (4, 12, 8)),
-    (lambda b: 2 * (b.dtype == "float32"), (8, 8, 0)),
-])
+@pytest.mark.parametrize(
+    "misalign, offsets",
+    [
+        (None, (0, 0, 0)),
+        ({"x": 1, "out": 3, "geometry": 1}, (4, 12, 8)),
+        (lambda b: 2 * (b.dtype == "float32"), (8, 8, 0)),
+    ],
+)
 def test_misaligned_buffers_start_past_a_256_byte_boundary(misalign, offsets):
     """`misalign` counts elements of the buffer's own type (8 bytes for int64 metadata); the
     contents arrive there and the output comes back from there."""
@@ -309,8 +351,14 @@ def test_misaligned_buffers_start_past_a_256_byte_boundary(misalign, offsets):
 def test_an_alias_comes_back_from_the_misaligned_input():
     """reshape launches nothing: its output is its input's memory, under the output's shape."""
     x = np.arange(6, dtype=np.float32)
-    plan = LaunchPlan("reshape", "forward", (Buffer("x", "input", "float32", 6), Buffer("out", "output", "float32", 6)),
-                      (), output_shapes={"out": (3, 2)}, aliases={"out": "x"})
+    plan = LaunchPlan(
+        "reshape",
+        "forward",
+        (Buffer("x", "input", "float32", 6), Buffer("out", "output", "float32", 6)),
+        (),
+        output_shapes={"out": (3, 2)},
+        aliases={"out": "x"},
+    )
     assert np.array_equal(emulator().run(plan, {"x": x}, {"x": 3})["out"], x.reshape(3, 2))
 
 
@@ -324,12 +372,21 @@ def test_a_write_past_a_workspace_is_reported():
     """Every buffer, not only the outputs, sits between guard bands: relu through a workspace that
     one launch overruns by an element (its values unharmed) fails the run."""
     n = 40
-    buffers = (Buffer("x", "input", "float32", n), Buffer("staged", "workspace", "float32", n),
-               Buffer("out", "output", "float32", n))
-    plan = LaunchPlan("relu", "forward", buffers,
-                      (Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("x", "staged", n)),
-                       Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("staged", "out", n))),
-                      output_shapes={"out": (n,)})
+    buffers = (
+        Buffer("x", "input", "float32", n),
+        Buffer("staged", "workspace", "float32", n),
+        Buffer("out", "output", "float32", n),
+    )
+    plan = LaunchPlan(
+        "relu",
+        "forward",
+        buffers,
+        (
+            Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("x", "staged", n)),
+            Launch("capsule_relu_fwd", (1, 1, 1), (32, 1, 1), ("staged", "out", n)),
+        ),
+        output_shapes={"out": (n,)},
+    )
     x = np.linspace(-2, 2, n, dtype=np.float32)
     runner = emulator()
     assert np.array_equal(runner.run(plan, {"x": x})["out"], np.maximum(x, 0))
@@ -338,11 +395,14 @@ def test_a_write_past_a_workspace_is_reported():
         runner.run(overrun, {"x": x})
 
 
-@pytest.mark.parametrize("fault, message", [
-    ({"args": ("x", "out", 41)}, "a write outside buffer out"),
-    ({"args": ("x", "out", 39)}, r"out not fully written \(1 elements\)"),
-    ({"args": ("x", "x", 40)}, "input x changed"),
-])
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ({"args": ("x", "out", 41)}, "a write outside buffer out"),
+        ({"args": ("x", "out", 39)}, r"out not fully written \(1 elements\)"),
+        ({"args": ("x", "x", 40)}, "input x changed"),
+    ],
+)
 def test_planted_launch_faults_are_reported(fault, message):
     """relu's kernel on the emulator launched wrongly, its buffers off 16-byte alignment: past the
     end of the output, short of it, into its input."""

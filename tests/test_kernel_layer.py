@@ -20,17 +20,18 @@ from cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 
-KERNEL = r'''
+KERNEL = r"""
 #include <cstdint>
 #include "tiny.cuh"
 extern "C" __global__ void capsule_tiny_fwd(const float* __restrict__ x, float* __restrict__ y, float c, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = tiny_scale(x[i], c);
 }
-'''
+"""
 HEADER = "#pragma once\n__host__ __device__ inline float tiny_scale(float v, float c) { return v * c; }\n"
-DECLARED = NativeSymbolRef("cuda/tiny.cu", "capsule_tiny_fwd",
-                           ("const float* __restrict__ x", "float* __restrict__ y", "float c", "int64_t n"))
+DECLARED = NativeSymbolRef(
+    "cuda/tiny.cu", "capsule_tiny_fwd", ("const float* __restrict__ x", "float* __restrict__ y", "float c", "int64_t n")
+)
 
 
 @pytest.fixture
@@ -105,11 +106,15 @@ def test_damaged_entry_is_rebuilt(cache, source, damage):
 
 
 def test_four_processes_compiling_at_once_share_one_entry(cache, source):
-    code = ("import sys; from pathlib import Path; from capsule_core import kernels; "
-            "r = kernels.compile_file(Path(sys.argv[1]), 'sm_90'); print(len(r.cubin))")
+    code = (
+        "import sys; from pathlib import Path; from capsule_core import kernels; "
+        "r = kernels.compile_file(Path(sys.argv[1]), 'sm_90'); print(len(r.cubin))"
+    )
     env = {**os.environ, "CAPSULES_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(source)], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(source)], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
     sizes = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs) and len(sizes) == 1
     entries = [p for p in (cache / "kernels").iterdir() if not p.name.startswith(".")]
@@ -133,14 +138,20 @@ def test_symbol_check_catches_renamed_symbols_and_wrong_widths(cache, source, mo
     assert any("no extern" in p for p in problems) and any("no PTX .entry" in p for p in problems)
     narrow = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3] + ("int32_t n",))
     assert check_engine._symbol_problems([narrow], compiled) == [
-        "capsule_tiny_fwd (sm_90): parameter 3 `int32_t n` should be .u32 in PTX, is .u64"]
+        "capsule_tiny_fwd (sm_90): parameter 3 `int32_t n` should be .u32 in PTX, is .u64"
+    ]
     shorter = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3])
     assert "PTX has 4 parameters, the registry declares 3" in check_engine._symbol_problems([shorter], compiled)[0]
 
 
 def _plan(block=(256, 1, 1), args=("x", "out", 2.0, 10), shared=0):
-    return LaunchPlan("tiny", "fwd", (Buffer("x", "input", "float32", 10), Buffer("out", "output", "float32", 10)),
-                      (Launch("capsule_tiny_fwd", (1, 1, 1), block, args, shared),), output_shapes={"out": (10,)})
+    return LaunchPlan(
+        "tiny",
+        "fwd",
+        (Buffer("x", "input", "float32", 10), Buffer("out", "output", "float32", 10)),
+        (Launch("capsule_tiny_fwd", (1, 1, 1), block, args, shared),),
+        output_shapes={"out": (10,)},
+    )
 
 
 def test_buffers_hold_the_kernels_pointer_types_and_size_themselves():
@@ -177,17 +188,20 @@ def test_check_refuses_reference_capsules_and_unknown_names():
     assert CliRunner().invoke(app, ["check", "relux"]).exit_code == 2
 
 
-@pytest.mark.parametrize("text", [
-    'extern "C" __global__ void capsule_tiny_fwd(const float* x)',
-    'extern "C" __global__ __launch_bounds__(256, 2) void capsule_tiny_fwd(const float* x)',
-    'extern "C" __global__ void __launch_bounds__(512, 1)\ncapsule_tiny_fwd(const float* x)',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'extern "C" __global__ void capsule_tiny_fwd(const float* x)',
+        'extern "C" __global__ __launch_bounds__(256, 2) void capsule_tiny_fwd(const float* x)',
+        'extern "C" __global__ void __launch_bounds__(512, 1)\ncapsule_tiny_fwd(const float* x)',
+    ],
+)
 def test_source_declarations_with_launch_bounds_are_found(text):
     assert check_engine._source_declares(DECLARED, text)
     assert not check_engine._source_declares(DECLARED, text.replace("capsule_tiny_fwd", "capsule_tiny_fwd2"))
 
 
-EVERY_TYPE = r'''
+EVERY_TYPE = r"""
 #include <cstddef>
 #include <cstdint>
 extern "C" __global__ void capsule_types_fwd(const float* __restrict__ x, const uint32_t* __restrict__ shape,
@@ -200,10 +214,24 @@ extern "C" __global__ void capsule_types_fwd(const float* __restrict__ x, const 
         out[3] = static_cast<unsigned int>(f >> 32) ^ static_cast<unsigned int>(g >> 32) ^ static_cast<unsigned int>(n);
     }
 }
-'''
-EVERY_REF = NativeSymbolRef("cuda/types.cu", "capsule_types_fwd", (
-    "const float* __restrict__ x", "const uint32_t* __restrict__ shape", "unsigned int* __restrict__ out", "float c",
-    "int32_t a", "int b", "uint32_t d", "unsigned int e", "int64_t f", "uint64_t g", "size_t n"))
+"""
+EVERY_REF = NativeSymbolRef(
+    "cuda/types.cu",
+    "capsule_types_fwd",
+    (
+        "const float* __restrict__ x",
+        "const uint32_t* __restrict__ shape",
+        "unsigned int* __restrict__ out",
+        "float c",
+        "int32_t a",
+        "int b",
+        "uint32_t d",
+        "unsigned int e",
+        "int64_t f",
+        "uint64_t g",
+        "size_t n",
+    ),
+)
 
 
 def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
@@ -211,6 +239,7 @@ def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
     from capsule_core.c_types import C_TYPES
     from capsule_core.check import expected_ptx_type
     from capsule_core.launch import parse_param
+
     source = tmp_path / "types.cu"
     source.write_text(EVERY_TYPE)
     compiled = kernels.compile_file(source, "sm_90")
@@ -222,21 +251,59 @@ def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
 def test_the_emulator_passes_every_c_type_and_plan_buffers_of_uint32(tmp_path):
     from capsule_core.backends.emu import EmuBackend
     from capsule_core.launch import parse_param
+
     (tmp_path / "types.cu").write_text(EVERY_TYPE)
     assert [parse_param(p).ctype for p in EVERY_REF.params[3:]] == [
-        "float", "int32_t", "int", "uint32_t", "unsigned int", "int64_t", "uint64_t", "size_t"]
+        "float",
+        "int32_t",
+        "int",
+        "uint32_t",
+        "unsigned int",
+        "int64_t",
+        "uint64_t",
+        "size_t",
+    ]
     backend = EmuBackend(family_dir=tmp_path, refs=(EVERY_REF,))
-    plan = LaunchPlan("types", "fwd", (Buffer("x", "input", "float32", 1), Buffer("shape", "meta", "uint32", 2),
-                                       Buffer("out", "output", "uint32", 4)),
-                      (Launch("capsule_types_fwd", (1, 1, 1), (32, 1, 1),
-                              ("x", "shape", "out", 3.0, -5, 7, 2**32 - 1, 11, 5 << 32, 9 << 32, 2**33 + 13)),),
-                      host_data={"shape": np.array([4, 6], np.uint32)}, output_shapes={"out": (4,)})
+    plan = LaunchPlan(
+        "types",
+        "fwd",
+        (
+            Buffer("x", "input", "float32", 1),
+            Buffer("shape", "meta", "uint32", 2),
+            Buffer("out", "output", "uint32", 4),
+        ),
+        (
+            Launch(
+                "capsule_types_fwd",
+                (1, 1, 1),
+                (32, 1, 1),
+                ("x", "shape", "out", 3.0, -5, 7, 2**32 - 1, 11, 5 << 32, 9 << 32, 2**33 + 13),
+            ),
+        ),
+        host_data={"shape": np.array([4, 6], np.uint32)},
+        output_shapes={"out": (4,)},
+    )
     assert plan_problems(plan, {EVERY_REF.symbol: EVERY_REF}) == []
-    assert any("does not fit uint32_t" in p for p in plan_problems(
-        LaunchPlan(plan.op, plan.direction, plan.buffers, (Launch("capsule_types_fwd", (1, 1, 1), (32, 1, 1),
-                   ("x", "shape", "out", 3.0, -5, 7, -1, 11, 0, 0, 0)),), plan.host_data, plan.output_shapes),
-        {EVERY_REF.symbol: EVERY_REF}))
+    assert any(
+        "does not fit uint32_t" in p
+        for p in plan_problems(
+            LaunchPlan(
+                plan.op,
+                plan.direction,
+                plan.buffers,
+                (
+                    Launch(
+                        "capsule_types_fwd", (1, 1, 1), (32, 1, 1), ("x", "shape", "out", 3.0, -5, 7, -1, 11, 0, 0, 0)
+                    ),
+                ),
+                plan.host_data,
+                plan.output_shapes,
+            ),
+            {EVERY_REF.symbol: EVERY_REF},
+        )
+    )
     from capsule_core.execution import GuardedOutput
+
     out = GuardedOutput((4,))  # four-byte elements: its bits read back as uint32
     capsule = type("Capsule", (), {"symbols": (EVERY_REF,)})()
     backend.execute(capsule, plan, {"x": np.array([2.5], np.float32)}, {"out": out})

@@ -33,11 +33,22 @@ from capsule_core import kernels
 from capsule_core.backends import emu
 from capsule_core.ops import FAMILIES, all_specs
 
-pytestmark = pytest.mark.skipif(emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
-                                reason="no C++ compiler (g++ or clang++) for the emulator")
+pytestmark = pytest.mark.skipif(
+    emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
+    reason="no C++ compiler (g++ or clang++) for the emulator",
+)
 
-REQUIRED_KINDS = {"vector tail", "dropped barrier", "dropped shuffle", "tile count", "swapped strides", "lost carry",
-                  "wrong operand", "off by one", "wrong identity"}
+REQUIRED_KINDS = {
+    "vector tail",
+    "dropped barrier",
+    "dropped shuffle",
+    "tile count",
+    "swapped strides",
+    "lost carry",
+    "wrong operand",
+    "off by one",
+    "wrong identity",
+}
 """The kernel bug classes the catalog must cover (issue 12's list and the brief's)."""
 
 REPRESENTATIVES = tuple(m for m in KERNEL_MUTANTS if m.id in KERNEL_REPRESENTATIVES)
@@ -71,10 +82,12 @@ def test_kernel_catalog_is_current_and_covers_every_family_and_kind():
 
 @pytest.mark.parametrize("source, count", [("__syncthreads();", 0), ("acc = 0; acc = 0;", 2)])
 def test_a_stale_mutant_fails_loudly(source, count):
-    stale = KernelMutant("stale", "reduce.cu", "acc = 0;", "acc = 1;", "reduce_sum", "wrong identity", "stale",
-                         ("value",))
-    with pytest.raises(StaleMutant, match=f"kernel mutant stale: its source text occurs {count} times in "
-                                          "cuda/reduce.cu, not once"):
+    stale = KernelMutant(
+        "stale", "reduce.cu", "acc = 0;", "acc = 1;", "reduce_sum", "wrong identity", "stale", ("value",)
+    )
+    with pytest.raises(
+        StaleMutant, match=f"kernel mutant stale: its source text occurs {count} times in cuda/reduce.cu, not once"
+    ):
         stale.planted(source)
 
 

@@ -73,12 +73,15 @@ POOL_ARGS = [ctypes.c_int64] * 16
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     """cuda/conv_pool.cuh's index arithmetic, built for the host."""
-    return declare(load("conv_pool_host", host_build_dir), {
-        "host_source": (ctypes.c_int64, [ctypes.c_int32] + [ctypes.c_int64] * 5),
-        "host_covering": [ctypes.c_int64] * 5 + [I64P],
-        "host_window_argmax": [F32P, I64P, F32P] + POOL_ARGS,
-        "host_corr_gather": [ctypes.c_int32] + [ctypes.c_int64] * 17 + [I64P],
-    })
+    return declare(
+        load("conv_pool_host", host_build_dir),
+        {
+            "host_source": (ctypes.c_int64, [ctypes.c_int32] + [ctypes.c_int64] * 5),
+            "host_covering": [ctypes.c_int64] * 5 + [I64P],
+            "host_window_argmax": [F32P, I64P, F32P] + POOL_ARGS,
+            "host_corr_gather": [ctypes.c_int32] + [ctypes.c_int64] * 17 + [I64P],
+        },
+    )
 
 
 # -- index arithmetic -----------------------------------------------------------------------------------
@@ -136,8 +139,14 @@ ARGMAX_CASES = [
     (np.array([[[np.nan, np.nan, np.nan, -np.inf, -np.inf, 1.0]]]), {"kernel": 3, "stride": 1, "padding": 1}),
     (np.array([[[0.0, -0.0, -0.0, 0.0, -1.0]]]), {"kernel": 2, "stride": 1}),
     (np.round(np.random.default_rng(1).random((2, 2, 6, 5))), {"kernel": 3, "stride": (2, 1), "padding": 1}),
-    (np.where(np.random.default_rng(2).random((1, 2, 4, 5, 6)) < 0.3, np.nan,
-              np.round(3 * np.random.default_rng(3).random((1, 2, 4, 5, 6)))), {"kernel": (2, 3, 2), "stride": (1, 2, 2), "padding": (1, 1, 0)}),
+    (
+        np.where(
+            np.random.default_rng(2).random((1, 2, 4, 5, 6)) < 0.3,
+            np.nan,
+            np.round(3 * np.random.default_rng(3).random((1, 2, 4, 5, 6))),
+        ),
+        {"kernel": (2, 3, 2), "stride": (1, 2, 2), "padding": (1, 1, 0)},
+    ),
 ]
 
 
@@ -150,7 +159,9 @@ def test_window_argmax_is_the_first_maximum_ignoring_nan(lib, x, params):
     value = np.empty(numel(y_shape), np.float32)
     lib.host_window_argmax(x.ctypes.data_as(F32P), index.ctypes.data_as(I64P), value.ctypes.data_as(F32P), *scalars)
     assert index.tolist() == want_index.tolist()
-    assert value.view(np.uint32).tolist() == want_value.view(np.uint32).tolist() or np.array_equal(value, want_value, equal_nan=True)
+    assert value.view(np.uint32).tolist() == want_value.view(np.uint32).tolist() or np.array_equal(
+        value, want_value, equal_nan=True
+    )
     assert np.array_equal(np.signbit(value), np.signbit(want_value)), "the first of tied ±0 is the one reported"
 
 
@@ -173,14 +184,19 @@ def _gather_brute_force(transposed, in_shape, out_sizes, kernel, stride, padding
         for pos, o in enumerate(itertools.product(*(range(q) for q in out_sizes))):
             for r, off in enumerate(itertools.product(*(range(q) for q in kernel))):
                 if transposed:
-                    cands = [i for i in itertools.product(*(range(q) for q in in_sizes))
-                             if all(ii * ss - pp + ff == oo for ii, ss, pp, ff, oo in zip(i, stride, padding, off, o))]
+                    cands = [
+                        i
+                        for i in itertools.product(*(range(q) for q in in_sizes))
+                        if all(ii * ss - pp + ff == oo for ii, ss, pp, ff, oo in zip(i, stride, padding, off, o))
+                    ]
                     cell = cands[0] if cands else None
                 else:
                     cell = tuple(oo * ss - pp + ff for oo, ss, pp, ff in zip(o, stride, padding, off))
                     cell = cell if all(0 <= q < size for q, size in zip(cell, in_sizes)) else None
                 if cell is not None:
-                    table[b * numel(out_sizes) + pos, r] = b * c * numel(in_sizes) + np.ravel_multi_index(cell, in_sizes)
+                    table[b * numel(out_sizes) + pos, r] = b * c * numel(in_sizes) + np.ravel_multi_index(
+                        cell, in_sizes
+                    )
     return table
 
 
@@ -260,12 +276,16 @@ def test_pools_on_the_large_sample(emu, op):
 WIDE_CASES = {
     # (x shape, w shape, stride, padding): several column tiles (channels > 32, partial last tile),
     # partial channel chunks (channels % 16 != 0), several dw tiles on both channel axes; ranks 1-3
-    "conv": [((2, 20, 9, 7), (40, 20, 3, 2), (2, 1), (1, 1)),
-             ((1, 36, 33), (70, 36, 4), 3, 2),
-             ((2, 17, 5, 4, 6), (33, 17, 2, 3, 2), (1, 2, 1), (1, 1, 0))],
-    "conv_transpose": [((2, 20, 5, 4), (20, 40, 3, 2), (2, 1), (1, 0)),
-                       ((1, 36, 12), (36, 70, 4), 3, 2),
-                       ((2, 33, 3, 4, 3), (33, 17, 2, 3, 2), (1, 2, 1), (1, 1, 0))],
+    "conv": [
+        ((2, 20, 9, 7), (40, 20, 3, 2), (2, 1), (1, 1)),
+        ((1, 36, 33), (70, 36, 4), 3, 2),
+        ((2, 17, 5, 4, 6), (33, 17, 2, 3, 2), (1, 2, 1), (1, 1, 0)),
+    ],
+    "conv_transpose": [
+        ((2, 20, 5, 4), (20, 40, 3, 2), (2, 1), (1, 0)),
+        ((1, 36, 12), (36, 70, 4), 3, 2),
+        ((2, 33, 3, 4, 3), (33, 17, 2, 3, 2), (1, 2, 1), (1, 1, 0)),
+    ],
 }
 
 
@@ -273,9 +293,11 @@ def wide_sample(op, i) -> Sample:
     x_shape, w_shape, stride, padding = WIDE_CASES[op][i]
     rng = seeded_rng(op, f"wide-{i}")
     co = w_shape[1] if op == "conv_transpose" else w_shape[0]
-    inputs = {"x": rng.standard_normal(x_shape).astype(np.float32),
-              "w": (rng.standard_normal(w_shape) / np.sqrt(numel(w_shape[1:]))).astype(np.float32),
-              "b": rng.standard_normal(co).astype(np.float32)}
+    inputs = {
+        "x": rng.standard_normal(x_shape).astype(np.float32),
+        "w": (rng.standard_normal(w_shape) / np.sqrt(numel(w_shape[1:]))).astype(np.float32),
+        "b": rng.standard_normal(co).astype(np.float32),
+    }
     return Sample(inputs, {"stride": stride, "padding": padding}, f"wide-{i}")
 
 
@@ -359,12 +381,16 @@ def test_max_pool_argmax_is_int32_and_int64_past_2_31_cells(emu, monkeypatch):
     g = cotangent("max_pool", "wide", out_shape)
     plan = plans.PLANS["max_pool"][1](arrays, p)
     assert [(launch.symbol, plan.buffer("argmax").dtype) for launch in plan.launches] == [
-        ("capsule_max_pool_bwd_argmax", "int32"), ("capsule_max_pool_bwd", "int32")]
+        ("capsule_max_pool_bwd_argmax", "int32"),
+        ("capsule_max_pool_bwd", "int32"),
+    ]
     _, narrow = run_plans(emu, "max_pool", arrays, p, g)
     monkeypatch.setattr(plans, "ARGMAX32_LIMIT", x[0, 0].size)
     plan = plans.PLANS["max_pool"][1](arrays, p)
     assert [(launch.symbol, plan.buffer("argmax").dtype) for launch in plan.launches] == [
-        ("capsule_max_pool_bwd_argmax_wide", "int64"), ("capsule_max_pool_bwd_wide", "int64")]
+        ("capsule_max_pool_bwd_argmax_wide", "int64"),
+        ("capsule_max_pool_bwd_wide", "int64"),
+    ]
     _, wide = run_plans(emu, "max_pool", arrays, p, g)
     assert same_bits(narrow["x"], wide["x"])
     assert np.count_nonzero(narrow["x"]) > 0
@@ -401,17 +427,24 @@ def test_large_conv_sample_launch_shape():
     by_symbol = {launch.symbol: launch for launch in bwd.launches}
     splits = by_symbol["capsule_conv_bwd_w"].args[-1]
     assert splits > 1 and 256 <= by_symbol["capsule_conv_bwd_w"].grid[0] <= 1024
-    assert [launch.symbol for launch in bwd.launches] == ["capsule_conv_bwd_x_pack", "capsule_conv_bwd_x",
-                                                          "capsule_conv_bwd_w", "capsule_conv_bwd_wsum",
-                                                          "capsule_conv_bwd_b"]
+    assert [launch.symbol for launch in bwd.launches] == [
+        "capsule_conv_bwd_x_pack",
+        "capsule_conv_bwd_x",
+        "capsule_conv_bwd_w",
+        "capsule_conv_bwd_wsum",
+        "capsule_conv_bwd_b",
+    ]
 
 
 def test_few_channels_take_the_flattened_gemm():
     """The stem conv (3 channels, 7 × 7): 147 reduction rows in 10 steps of 16 (unflattened, 49
     steps of 16 rows of which 13 are zero); its dx GEMM reduces over 64 channels, unflattened.
     conv_transpose's dx is the correlation: flattened for few output channels."""
-    arrays = {"x": np.empty((32, 3, 224, 224), np.float32), "w": np.empty((64, 3, 7, 7), np.float32),
-              "b": np.empty(64, np.float32)}
+    arrays = {
+        "x": np.empty((32, 3, 224, 224), np.float32),
+        "w": np.empty((64, 3, 7, 7), np.float32),
+        "b": np.empty(64, np.float32),
+    }
     p = {"stride": 2, "padding": 3}
     forward = plans.PLANS["conv"][0](arrays, p)
     assert [launch.symbol for launch in forward.launches] == ["capsule_conv_fwd_pack", "capsule_conv_fwd_flat"]
@@ -419,13 +452,20 @@ def test_few_channels_take_the_flattened_gemm():
     backward = plans.PLANS["conv"][1](arrays, p)
     assert [launch.symbol for launch in backward.launches][:2] == ["capsule_conv_bwd_x_pack", "capsule_conv_bwd_x"]
     assert backward.buffer("packed").elements == 49 * 64 * 32
-    arrays = {"x": np.empty((2, 64, 8, 8), np.float32), "w": np.empty((64, 3, 4, 4), np.float32),
-              "b": np.empty(3, np.float32)}
+    arrays = {
+        "x": np.empty((2, 64, 8, 8), np.float32),
+        "w": np.empty((64, 3, 4, 4), np.float32),
+        "b": np.empty(3, np.float32),
+    }
     p = {"stride": 2, "padding": 1}
     assert [launch.symbol for launch in plans.PLANS["conv_transpose"][0](arrays, p).launches] == [
-        "capsule_conv_transpose_fwd_pack", "capsule_conv_transpose_fwd"]
+        "capsule_conv_transpose_fwd_pack",
+        "capsule_conv_transpose_fwd",
+    ]
     assert [launch.symbol for launch in plans.PLANS["conv_transpose"][1](arrays, p).launches][:2] == [
-        "capsule_conv_transpose_bwd_x_pack", "capsule_conv_transpose_bwd_x_flat"]
+        "capsule_conv_transpose_bwd_x_pack",
+        "capsule_conv_transpose_bwd_x_flat",
+    ]
 
 
 @pytest.mark.parametrize("op", CONVS)
@@ -454,11 +494,19 @@ def test_planted_launch_faults_are_caught():
     plan = plans.PLANS["conv"][1](arrays, p)
     launch = plan.launches[2]
     assert launch.symbol == "capsule_conv_bwd_w"
-    assert missed_faults(plan, symbols("conv"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("22 arguments for 23", {"args": launch.args[:-1]}),
-        ("writable", {"args": ("x", "g", "x", *launch.args[3:])}),
-        ("needs a number", {"args": (*launch.args[:-1], "dw")}),
-        ("not declared", {"symbol": "capsule_max_pool_bwd"}),
-        ("grid dimension 0", {"grid": (0, 1, 1)}),
-    ], index=2) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("conv"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("22 arguments for 23", {"args": launch.args[:-1]}),
+                ("writable", {"args": ("x", "g", "x", *launch.args[3:])}),
+                ("needs a number", {"args": (*launch.args[:-1], "dw")}),
+                ("not declared", {"symbol": "capsule_max_pool_bwd"}),
+                ("grid dimension 0", {"grid": (0, 1, 1)}),
+            ],
+            index=2,
+        )
+        == []
+    )

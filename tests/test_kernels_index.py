@@ -56,11 +56,14 @@ def test_source_spells_out_each_declared_signature():
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     p, i64_, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    return declare(load("index_host", host_build_dir), {
-        "host_segment_warp_mode": (i32, [i64_] * 4),
-        "host_segment": (None, [i64_, i64_, i64_, i64_, p, p]),
-        "host_gather_source": (i64_, [i64_, i64_, i64_, i64_, p, i32]),
-    })
+    return declare(
+        load("index_host", host_build_dir),
+        {
+            "host_segment_warp_mode": (i32, [i64_] * 4),
+            "host_segment": (None, [i64_, i64_, i64_, i64_, p, p]),
+            "host_gather_source": (i64_, [i64_, i64_, i64_, i64_, p, i32]),
+        },
+    )
 
 
 SUMS = ("capsule_gather_bwd", "capsule_scatter_add_fwd")
@@ -72,11 +75,13 @@ def path_of(lib):
     gather (gather's forward, the dsrc of scatter_add's backward) 1 for 16-byte moves (rows of a
     multiple of 4 elements on aligned buffers, index.cu's test), 0 for words; a segment sum 1 where
     a warp sums each element (index.cuh's choice for the launch's block), 0 for a thread."""
+
     def path(plan, launch, aligned):
         outer, size, inner, count = launch.args[-4:]
         if launch.symbol in SUMS:
             return lib.host_segment_warp_mode(size, inner, count, launch.block[0])
         return int(inner % 4 == 0 and aligned)
+
     return path
 
 
@@ -137,10 +142,14 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     are 4 bytes off alignment."""
     rng = seeded_rng("index", "vectors")
     index = np.array([5, 0, 0, 3, 2])
+
     def x(*shape):
         return rng.standard_normal(shape).astype(np.float32)
-    cases = [("gather", {"x": x(6, 8), "index": index}, "capsule_gather_fwd"),
-             ("scatter_add", {"base": x(6, 8), "index": index, "src": x(5, 8)}, "capsule_scatter_add_bwd")]
+
+    cases = [
+        ("gather", {"x": x(6, 8), "index": index}, "capsule_gather_fwd"),
+        ("scatter_add", {"base": x(6, 8), "index": index, "src": x(5, 8)}, "capsule_scatter_add_bwd"),
+    ]
     for op, inputs, gather in cases:
         sample = dataclasses.replace(get_spec(op).edges()[0], inputs=inputs, params={"axis": 0}, case="vectors")
         assert {s: path for s, path in emulated_paths(emu, op, sample, path_of) if s not in SUMS} == {gather: 1}, op
@@ -151,7 +160,9 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
 
 
 def test_bits_survive_gathers(emu):
-    payloads = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000], np.uint32).view(np.float32)
+    payloads = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000], np.uint32).view(
+        np.float32
+    )
     x = np.resize(payloads, (3, 6, 8))
     for axis, index in ((1, np.array([5, 0, 0, 3, 2, 1, 4])), (2, np.array([7, 7, 1])), (0, np.array([2, 0]))):
         spec = get_spec("gather")
@@ -203,7 +214,7 @@ def test_csr_lists_each_value_in_ascending_j():
         assert order.dtype == starts.dtype == np.int64 and starts.shape == (size + 1,) and order.shape == (count,)
         assert starts[0] == 0 and starts[-1] == count and (np.diff(starts) >= 0).all()
         for s in range(size):
-            members = order[starts[s]:starts[s + 1]]
+            members = order[starts[s] : starts[s + 1]]
             assert (index[members] == s).all() and (np.diff(members) > 0).all()
             assert members.size == (index == s).sum()
 
@@ -225,7 +236,7 @@ def test_thread_sums_reproduce_np_add_at_bit_for_bit(emu, lib, axis):
     shape = (3, 5, 4)
     for count in (0, 1, 9, 60):
         index = rng.integers(0, shape[axis], count)
-        src_shape = shape[:axis] + (count,) + shape[axis + 1:]
+        src_shape = shape[:axis] + (count,) + shape[axis + 1 :]
         src = (rng.standard_normal(src_shape) * 10.0 ** rng.integers(-3, 4, src_shape)).astype(np.float32)
         base = rng.standard_normal(shape).astype(np.float32)
         for b in (None, base):
@@ -244,7 +255,7 @@ def test_warp_sums_of_long_segments(emu, lib, block):
     other_grid = family_emulator((7, 1))
     for shape, axis, count in [((7, 5), 1, 1000), ((2, 3, 4), 1, 500), ((4,), 0, 4099)]:
         index = rng.integers(0, min(2, shape[axis]), count)
-        src_shape = shape[:axis] + (count,) + shape[axis + 1:]
+        src_shape = shape[:axis] + (count,) + shape[axis + 1 :]
         src = rng.standard_normal(src_shape).astype(np.float32)
         got, mode = segment_sum(emu, lib, src, index, shape, axis, block=block)
         assert mode == 1
@@ -258,9 +269,19 @@ def test_warp_sums_of_long_segments(emu, lib, block):
 
 
 def test_python_mirror_of_the_warp_mode_agrees(lib):
-    for size, inner, count, block in [(5, 1, 1000, 256), (5, 1, 159, 256), (5, 1, 160, 256), (5, 32, 10**4, 256),
-                                      (5, 31, 10**4, 256), (0, 1, 0, 256), (5, 1, 1000, 33), (129, 1, 200, 256)]:
-        assert bool(lib.host_segment_warp_mode(size, inner, count, block)) == plans.segment_warp_mode(size, inner, count, block)
+    for size, inner, count, block in [
+        (5, 1, 1000, 256),
+        (5, 1, 159, 256),
+        (5, 1, 160, 256),
+        (5, 32, 10**4, 256),
+        (5, 31, 10**4, 256),
+        (0, 1, 0, 256),
+        (5, 1, 1000, 33),
+        (129, 1, 200, 256),
+    ]:
+        assert bool(lib.host_segment_warp_mode(size, inner, count, block)) == plans.segment_warp_mode(
+            size, inner, count, block
+        )
 
 
 def test_special_values_sum_like_the_reference(emu, lib):
@@ -284,15 +305,27 @@ def test_plans_are_legal_for_every_sample(op):
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec("gather")
-    arrays, p, _ = validate(spec, {"x": np.zeros((6, 4), np.float32), "index": np.array([1, 1, 5])}, {"axis": 0}, np.float32)
+    arrays, p, _ = validate(
+        spec, {"x": np.zeros((6, 4), np.float32), "index": np.array([1, 1, 5])}, {"axis": 0}, np.float32
+    )
     plan = plans.PLANS["gather"][1](arrays, p)
     (launch,) = plan.launches
     short = dataclasses.replace(plan, host_data={**plan.host_data, "starts": plan.host_data["starts"][:-1]})
-    assert missed_faults(plan, symbols("gather"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("7 arguments for 8", {"args": launch.args[:7]}),
-        ("order is int64_t* but buffer g holds float32", {"args": ("g", "g", *launch.args[2:])}),
-        ("dx is float* but buffer starts holds int64", {"args": (*launch.args[:3], "starts", *launch.args[4:])}),
-        ("writable but buffer g", {"args": (*launch.args[:3], "g", *launch.args[4:])}),
-        ("meta buffer starts", short),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("gather"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("7 arguments for 8", {"args": launch.args[:7]}),
+                ("order is int64_t* but buffer g holds float32", {"args": ("g", "g", *launch.args[2:])}),
+                (
+                    "dx is float* but buffer starts holds int64",
+                    {"args": (*launch.args[:3], "starts", *launch.args[4:])},
+                ),
+                ("writable but buffer g", {"args": (*launch.args[:3], "g", *launch.args[4:])}),
+                ("meta buffer starts", short),
+            ],
+        )
+        == []
+    )

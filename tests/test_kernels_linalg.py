@@ -51,10 +51,12 @@ def ceil_div(a: int, b: int) -> int:
 def force_gemm(monkeypatch, threads: int, splits: int = 1):
     """Every GEMM planned on the tile shape of `threads` with at most `splits` k ranges (fewer where
     k has fewer split steps), and linear's forward through the GEMM rather than the GEMV."""
+
     def config(batch, m, n, k):
         steps = -(-k // plans.SPLIT_STEP)
         s = max(1, min(splits, steps))
         return THREADS[threads], (-(-steps // -(-steps // s)) if s > 1 else 1)
+
     monkeypatch.setattr(plans, "gemm_config", config)
     monkeypatch.setattr(plans, "GEMV_ROWS", 0)
 
@@ -72,9 +74,14 @@ def test_compiles_without_warnings_or_spills(arch):
         assert smem == 3 * 16 * (128 + 128) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
 
 
-K_CONTIGUOUS = {"capsule_matmul_fwd": (True, False), "capsule_matmul_bwd_a": (True, True),
-                "capsule_matmul_bwd_b": (False, False), "capsule_linear_fwd": (True, True),
-                "capsule_linear_bwd_x": (True, False), "capsule_linear_bwd_w": (False, False)}
+K_CONTIGUOUS = {
+    "capsule_matmul_fwd": (True, False),
+    "capsule_matmul_bwd_a": (True, True),
+    "capsule_matmul_bwd_b": (False, False),
+    "capsule_linear_fwd": (True, True),
+    "capsule_linear_bwd_x": (True, False),
+    "capsule_linear_bwd_w": (False, False),
+}
 """Whether each GEMM's A and B are k-contiguous (copied element by element, transposed)."""
 
 
@@ -126,12 +133,22 @@ def emu():
 def lib(host_build_dir):
     """cuda/linalg.cuh's tile and thread arithmetic and its mse term, and the plain FMA chain,
     built for the host."""
-    return declare(load("linalg_host", host_build_dir), {
-        "host_gemm_naive": [ctypes.c_int, ctypes.c_int] + [ctypes.POINTER(ctypes.c_float)] * 3 + [ctypes.c_int64] * 4,
-        "host_tile_coords": [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)],
-        "host_thread_layout": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
-        "host_mse_accumulate": (ctypes.c_double, [ctypes.c_double, ctypes.c_float, ctypes.c_float]),
-    })
+    return declare(
+        load("linalg_host", host_build_dir),
+        {
+            "host_gemm_naive": [ctypes.c_int, ctypes.c_int]
+            + [ctypes.POINTER(ctypes.c_float)] * 3
+            + [ctypes.c_int64] * 4,
+            "host_tile_coords": [ctypes.c_int64] * 3 + [ctypes.POINTER(ctypes.c_int64)],
+            "host_thread_layout": [
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.POINTER(ctypes.c_int),
+                ctypes.POINTER(ctypes.c_int),
+            ],
+            "host_mse_accumulate": (ctypes.c_double, [ctypes.c_double, ctypes.c_float, ctypes.c_float]),
+        },
+    )
 
 
 def check_sample(emu, spec, sample, misalign=0):
@@ -180,8 +197,18 @@ def test_mse_loss_on_the_large_sample(emu):
 
 # -- the SGEMM core exactly ---------------------------------------------------------------------------
 
-GEMM_CASES = [(1, 1, 1, 1), (1, 130, 17, 129), (2, 65, 9, 63), (3, 5, 0, 7), (2, 33, 40, 4), (1, 128, 16, 128),
-              (1, 64, 8, 64), (2, 1, 129, 3), (1, 200, 3, 1), (1, 31, 100, 67)]
+GEMM_CASES = [
+    (1, 1, 1, 1),
+    (1, 130, 17, 129),
+    (2, 65, 9, 63),
+    (3, 5, 0, 7),
+    (2, 33, 40, 4),
+    (1, 128, 16, 128),
+    (1, 64, 8, 64),
+    (2, 1, 129, 3),
+    (1, 200, 3, 1),
+    (1, 31, 100, 67),
+]
 """(batch, m, k, n): edges of both tile shapes, k = 0, one k-tile, a tail k-tile, and k-tiles that go
 round the ring of stages twice (k = 100: seven, the last four elements long)."""
 
@@ -205,8 +232,9 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
 
     def chain(at, bt, x, y, mm, nn, kk):
         out = np.empty((len(x), mm, nn), np.float32)
-        lib.host_gemm_naive(at, bt, f32_ptr(np.ascontiguousarray(x)), f32_ptr(np.ascontiguousarray(y)), f32_ptr(out),
-                            len(x), mm, nn, kk)
+        lib.host_gemm_naive(
+            at, bt, f32_ptr(np.ascontiguousarray(x)), f32_ptr(np.ascontiguousarray(y)), f32_ptr(out), len(x), mm, nn, kk
+        )
         return out
 
     def naive(at, bt, x, y, mm, nn, kk):
@@ -225,9 +253,11 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
     inputs = {"a": a, "b": b}
     y = emu.run(plans.matmul_forward(inputs, {}), inputs)["out"]
     grads = emu.run(plans.matmul_backward(inputs, {}), {**inputs, "g": g})
-    for name, got, expected in [("capsule_matmul_fwd", y, naive(0, 0, a, b, m, n, k)),
-                                ("capsule_matmul_bwd_a", grads["da"], naive(0, 1, g, b, m, k, n)),
-                                ("capsule_matmul_bwd_b", grads["db"], naive(1, 0, a, g, k, n, m))]:
+    for name, got, expected in [
+        ("capsule_matmul_fwd", y, naive(0, 0, a, b, m, n, k)),
+        ("capsule_matmul_bwd_a", grads["da"], naive(0, 1, g, b, m, k, n)),
+        ("capsule_matmul_bwd_b", grads["db"], naive(1, 0, a, g, k, n, m)),
+    ]:
         assert same_bits(got, expected), f"{name} ({batch}, {m}, {k}, {n}) on {threads} threads"
     if batch == 1:
         inputs = {"x": a[0], "w": rng_matrix(rng, n, k), "b": rng_matrix(rng, n)}
@@ -255,8 +285,19 @@ def linear_inputs(rng, rows, width, out):
     return {"x": rng_matrix(rng, rows, width), "w": rng_matrix(rng, out, width), "b": rng_matrix(rng, out)}
 
 
-GEMV_CASES = [(1, 1, 1), (1, 4096, 3), (3, 4099, 5), (8, 1024, 64), (9, 300, 7), (16, 513, 9), (16, 260, 33),
-              (5, 0, 6), (0, 8, 4), (2, 8, 0), (7, 131, 1)]
+GEMV_CASES = [
+    (1, 1, 1),
+    (1, 4096, 3),
+    (3, 4099, 5),
+    (8, 1024, 64),
+    (9, 300, 7),
+    (16, 513, 9),
+    (16, 260, 33),
+    (5, 0, 6),
+    (0, 8, 4),
+    (2, 8, 0),
+    (7, 131, 1),
+]
 """(rows, in, out): one element, long k with a tail column group, k not a multiple of 4, each tile's
 fewest and most rows, k = 0 (the bias), no rows, no columns."""
 
@@ -300,8 +341,14 @@ def test_gemv_any_split_of_k_over_warps(emu, k_warps, threads):
         plan = with_launch(plan, block=(threads, 1, 1), args=launch.args[:-1] + (k_warps,))
         y = emu.run(plan, inputs)["out"]
         x64, w64 = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
-        result = compare(y, x64 @ w64.T + inputs["b"], np.abs(x64) @ np.abs(w64).T + np.abs(inputs["b"]),
-                         get_spec("linear").error, width + 1, True)
+        result = compare(
+            y,
+            x64 @ w64.T + inputs["b"],
+            np.abs(x64) @ np.abs(w64).T + np.abs(inputs["b"]),
+            get_spec("linear").error,
+            width + 1,
+            True,
+        )
         assert result.passed, result.reason
 
 
@@ -316,8 +363,13 @@ def test_gemv_traps_on_a_plan_error(emu, tile):
     launch = plan.launches[0]
     assert launch.symbol == tile[3]
     args = launch.args
-    for change in [{"block": (96 + 1, 1, 1)}, {"block": (512, 1, 1)}, {"args": args[:-1] + (3,)},
-                   {"args": args[:-1] + (0,)}, {"args": args[:4] + (rows + 1,) + args[5:]}]:
+    for change in [
+        {"block": (96 + 1, 1, 1)},
+        {"block": (512, 1, 1)},
+        {"args": args[:-1] + (3,)},
+        {"args": args[:-1] + (0,)},
+        {"args": args[:4] + (rows + 1,) + args[5:]},
+    ]:
         with pytest.raises(AssertionError, match=r"__trap\(\)"):
             emu.run(with_launch(plan, **change), inputs)
 
@@ -336,14 +388,16 @@ def test_split_sums_in_split_order_on_both_paths(lib, emu):
         per = ceil_div(ceil_div(width, plans.SPLIT_STEP), splits) * plans.SPLIT_STEP
         expected = None
         for k0 in range(0, width, per):
-            xs = np.ascontiguousarray(inputs["x"][None, :, k0:k0 + per])
-            ws = np.ascontiguousarray(inputs["w"][None, :, k0:k0 + per])
+            xs = np.ascontiguousarray(inputs["x"][None, :, k0 : k0 + per])
+            ws = np.ascontiguousarray(inputs["w"][None, :, k0 : k0 + per])
             part = np.empty((1, rows, out), np.float32)
             lib.host_gemm_naive(0, 1, f32_ptr(xs), f32_ptr(ws), f32_ptr(part), 1, rows, out, xs.shape[2])
             expected = part[0] if expected is None else expected + part[0]
         expected = expected + inputs["b"]
         for misalign in (0, 1):
-            assert same_bits(emu.run(plan, inputs, lambda b, shift=misalign: shift * (b.role != "workspace"))["out"], expected)
+            assert same_bits(
+                emu.run(plan, inputs, lambda b, shift=misalign: shift * (b.role != "workspace"))["out"], expected
+            )
 
 
 @pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (1, 9), (9, 1), (8, 8), (17, 5), (23, 31), (8, 1), (16, 3)])
@@ -420,7 +474,9 @@ def test_mse_backward_is_the_spec_formula_bitwise(emu, misalign):
     for n in (1, 7, 1000, 4099):
         pred, target = rng_matrix(rng, n), rng_matrix(rng, n)
         g = np.float32(rng.standard_normal())
-        grads = emu.run(plans.mse_backward({"pred": pred}, {}), {"pred": pred, "target": target, "g": g}, lambda b: misalign)
+        grads = emu.run(
+            plans.mse_backward({"pred": pred}, {}), {"pred": pred, "target": target, "g": g}, lambda b: misalign
+        )
         expected = (pred - target) * (g * np.float32(2.0 / n))
         assert same_bits(grads["dpred"], expected) and same_bits(grads["dtarget"], -expected), n
 
@@ -463,17 +519,36 @@ def test_plans_are_legal_for_every_sample(op):
 
 LARGE_LAUNCHES = {
     # (op, sample index): [(symbol, grid blocks, threads)] of the forward, then the backward plan.
-    ("matmul", 0): [("capsule_matmul_fwd", 256, 256), ("capsule_matmul_fwd_ksum", 1024, 256),
-                    ("capsule_matmul_bwd_a", 256, 256), ("capsule_matmul_bwd_ksum", 1024, 256),
-                    ("capsule_matmul_bwd_b", 256, 256), ("capsule_matmul_bwd_ksum", 1024, 256)],
-    ("matmul", 1): [("capsule_matmul_fwd", 128, 256), ("capsule_matmul_fwd_ksum", 510, 256),
-                    ("capsule_matmul_bwd_a", 288, 128), ("capsule_matmul_bwd_b", 240, 256),
-                    ("capsule_matmul_bwd_ksum", 511, 256)],
-    ("linear", 0): [("capsule_linear_fwd", 256, 256), ("capsule_linear_fwd_ksum", 2048, 256),
-                    ("capsule_linear_bwd_x", 256, 256), ("capsule_linear_bwd_ksum", 2048, 256),
-                    ("capsule_linear_bwd_w", 256, 256), ("capsule_linear_bwd_ksum", 1024, 256),
-                    ("capsule_linear_bwd_b", 256, 256), ("capsule_linear_bwd_b", 32, 256)],
-    ("mse_loss", 0): [("capsule_mse_loss_fwd", 513, 256), ("capsule_mse_loss_fwd", 1, 256), ("capsule_mse_loss_bwd", 4099, 256)],
+    ("matmul", 0): [
+        ("capsule_matmul_fwd", 256, 256),
+        ("capsule_matmul_fwd_ksum", 1024, 256),
+        ("capsule_matmul_bwd_a", 256, 256),
+        ("capsule_matmul_bwd_ksum", 1024, 256),
+        ("capsule_matmul_bwd_b", 256, 256),
+        ("capsule_matmul_bwd_ksum", 1024, 256),
+    ],
+    ("matmul", 1): [
+        ("capsule_matmul_fwd", 128, 256),
+        ("capsule_matmul_fwd_ksum", 510, 256),
+        ("capsule_matmul_bwd_a", 288, 128),
+        ("capsule_matmul_bwd_b", 240, 256),
+        ("capsule_matmul_bwd_ksum", 511, 256),
+    ],
+    ("linear", 0): [
+        ("capsule_linear_fwd", 256, 256),
+        ("capsule_linear_fwd_ksum", 2048, 256),
+        ("capsule_linear_bwd_x", 256, 256),
+        ("capsule_linear_bwd_ksum", 2048, 256),
+        ("capsule_linear_bwd_w", 256, 256),
+        ("capsule_linear_bwd_ksum", 1024, 256),
+        ("capsule_linear_bwd_b", 256, 256),
+        ("capsule_linear_bwd_b", 32, 256),
+    ],
+    ("mse_loss", 0): [
+        ("capsule_mse_loss_fwd", 513, 256),
+        ("capsule_mse_loss_fwd", 1, 256),
+        ("capsule_mse_loss_bwd", 4099, 256),
+    ],
 }
 
 
@@ -514,25 +589,43 @@ def test_skinny_gemms_fill_the_device(op, shapes, direction):
     forward, backward = plans.PLANS[op]
     plan = (forward if direction == "forward" else backward)(arrays, {})
     heavy = [launch for launch in plan.launches if launch.symbol in GEMM_SYMBOLS + plans.GEMV_SYMBOLS]
-    assert heavy and all(launch.grid[0] >= plans.MULTIPROCESSORS for launch in heavy), [(launch.symbol, launch.grid) for launch in heavy]
+    assert heavy and all(launch.grid[0] >= plans.MULTIPROCESSORS for launch in heavy), [
+        (launch.symbol, launch.grid) for launch in heavy
+    ]
     if op == "linear" and direction == "forward" and shapes["x"][0] <= plans.GEMV_ROWS:
         assert [launch.symbol for launch in plan.launches] == [plans.gemv_tile(shapes["x"][0])[3]]
 
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec("matmul")
-    arrays, p, _ = validate(spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32
+    )
     plan = plans.PLANS["matmul"][1](arrays, p)
     launch = plan.launches[0]
-    assert missed_faults(plan, symbols("matmul"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("8 arguments for 9", {"args": launch.args[:-1]}),
-        ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
-        ("needs a buffer", {"args": (5, *launch.args[1:])}),
-        ("not declared", {"symbol": "capsule_linear_bwd_x"}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("matmul"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("8 arguments for 9", {"args": launch.args[:-1]}),
+                ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
+                ("needs a buffer", {"args": (5, *launch.args[1:])}),
+                ("not declared", {"symbol": "capsule_linear_bwd_x"}),
+            ],
+        )
+        == []
+    )
     mse = get_spec("mse_loss")
-    arrays, p, _ = validate(mse, {"pred": np.zeros(100_000, np.float32), "target": np.zeros(100_000, np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        mse, {"pred": np.zeros(100_000, np.float32), "target": np.zeros(100_000, np.float32)}, {}, np.float32
+    )
     fwd = plans.PLANS["mse_loss"][0](arrays, p)
     stage = fwd.launches[1]
-    assert missed_faults(fwd, symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1) == []
+    assert (
+        missed_faults(
+            fwd, symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1
+        )
+        == []
+    )

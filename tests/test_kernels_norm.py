@@ -68,20 +68,23 @@ I64 = ctypes.c_int64
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    return declare(load("norm_host", host_build_dir), {
-        "host_layer_norm_fwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64],
-        "host_layer_norm_bwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64, I64, I64],
-        "host_batch_norm_fwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
-        "host_batch_norm_bwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
-        "host_welford": [F32P, I64, F32P],
-        "host_welford_split": [F32P, I64, I64, F32P],
-        "host_norm_rows": [F32P] * 6 + [I64],
-        "host_norm_dx": [F32P] * 6 + [I64],
-        "host_channel_walk": [I64] * 5 + [I64P, I64P],
-        "host_channel_next": [I64] * 5 + [I64P, I64P],
-        "host_plane_walk": [I64] * 6 + [I64P],
-        "host_part_range": [I64] * 3 + [I64P, I64P],
-    })
+    return declare(
+        load("norm_host", host_build_dir),
+        {
+            "host_layer_norm_fwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64],
+            "host_layer_norm_bwd": [F32P] * 6 + [I64, I64, ctypes.c_float, I64, I64, I64, I64],
+            "host_batch_norm_fwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
+            "host_batch_norm_bwd": [F32P] * 6 + [I64, I64, I64, ctypes.c_float, I64, I64],
+            "host_welford": [F32P, I64, F32P],
+            "host_welford_split": [F32P, I64, I64, F32P],
+            "host_norm_rows": [F32P] * 6 + [I64],
+            "host_norm_dx": [F32P] * 6 + [I64],
+            "host_channel_walk": [I64] * 5 + [I64P, I64P],
+            "host_channel_next": [I64] * 5 + [I64P, I64P],
+            "host_plane_walk": [I64] * 6 + [I64P],
+            "host_part_range": [I64] * 3 + [I64P, I64P],
+        },
+    )
 
 
 def host_forward(lib, op, arrays, p, block=None, parts=None):
@@ -93,14 +96,26 @@ def host_forward(lib, op, arrays, p, block=None, parts=None):
         rows, cols = int(np.prod(x.shape[:-1])), x.shape[-1]
         wide = plans.wide_threads(cols, plans.WIDE_FWD_FLOATS) if block is None else 0
         mean, rstd = np.empty(rows, np.float32), np.empty(rows, np.float32)
-        lib.host_layer_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), rows, cols, p["eps"],
-                                wide or block or plans.BLOCK, int(wide > 0))
+        lib.host_layer_norm_fwd(
+            ptr(x),
+            ptr(gamma),
+            ptr(beta),
+            ptr(y),
+            ptr(mean),
+            ptr(rstd),
+            rows,
+            cols,
+            p["eps"],
+            wide or block or plans.BLOCK,
+            int(wide > 0),
+        )
     else:
         n, c, s = x.shape[0], x.shape[1], int(np.prod(x.shape[2:]))
         parts = parts or plans.channel_parts(n * s, c)
         mean, rstd = np.empty(c, np.float32), np.empty(c, np.float32)
-        lib.host_batch_norm_fwd(ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), n, c, s, p["eps"],
-                                block or plans.BLOCK, parts)
+        lib.host_batch_norm_fwd(
+            ptr(x), ptr(gamma), ptr(beta), ptr(y), ptr(mean), ptr(rstd), n, c, s, p["eps"], block or plans.BLOCK, parts
+        )
     return y
 
 
@@ -115,24 +130,54 @@ def host_vjp(lib, op, arrays, p, g, block=None, parts=None):
         if wide:
             parts = plans.wide_parts(rows, wide)
         parts = parts or plans.column_parts(rows, cols)
-        lib.host_layer_norm_bwd(ptr(x), ptr(gamma), ptr(g), ptr(dx), ptr(dgamma), ptr(dbeta), rows, cols, p["eps"],
-                                wide or block or plans.BLOCK, parts, plans.ROW_LANES, int(wide > 0))
+        lib.host_layer_norm_bwd(
+            ptr(x),
+            ptr(gamma),
+            ptr(g),
+            ptr(dx),
+            ptr(dgamma),
+            ptr(dbeta),
+            rows,
+            cols,
+            p["eps"],
+            wide or block or plans.BLOCK,
+            parts,
+            plans.ROW_LANES,
+            int(wide > 0),
+        )
     else:
         n, s = x.shape[0], int(np.prod(x.shape[2:]))
         parts = parts or plans.channel_parts(n * s, channels)
-        lib.host_batch_norm_bwd(ptr(x), ptr(gamma), ptr(g), ptr(dx), ptr(dgamma), ptr(dbeta), n, channels, s, p["eps"],
-                                block or plans.BLOCK, parts)
+        lib.host_batch_norm_bwd(
+            ptr(x),
+            ptr(gamma),
+            ptr(g),
+            ptr(dx),
+            ptr(dgamma),
+            ptr(dbeta),
+            n,
+            channels,
+            s,
+            p["eps"],
+            block or plans.BLOCK,
+            parts,
+        )
     return {"x": dx, "gamma": dgamma, "beta": dbeta}
 
 
 def check_forward(lib, spec, sample, **launch):
-    return check_host_model(spec.name, sample, forward=lambda arrays, p: host_forward(lib, spec.name, arrays, p, **launch),
-                            label=f" {launch}")
+    return check_host_model(
+        spec.name,
+        sample,
+        forward=lambda arrays, p: host_forward(lib, spec.name, arrays, p, **launch),
+        label=f" {launch}",
+    )
 
 
 def check_vjp(lib, spec, sample, **launch):
-    return check_host_model(spec.name, sample, vjp=lambda arrays, p, g: host_vjp(lib, spec.name, arrays, p, g, **launch),
-                            label=f" {launch}")
+    return check_host_model(
+        spec.name, sample, vjp=lambda arrays, p, g: host_vjp(lib, spec.name, arrays, p, g, **launch), label=f" {launch}"
+    )
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -172,8 +217,11 @@ def test_host_layer_norm_row_paths_are_all_exercised():
     for floats in (plans.WIDE_FWD_FLOATS, plans.WIDE_BWD_FLOATS):
         assert any(plans.wide_threads(w, floats) == plans.WIDE_MIN_THREADS for w in widths)
         assert any(plans.wide_threads(w, floats) > plans.WIDE_MIN_THREADS for w in widths)
-    assert any(plans.wide_threads(s[-1], plans.WIDE_BWD_FLOATS)
-               and int(np.prod(s[:-1])) > plans.wide_parts(int(np.prod(s[:-1])), 128) > 1 for s in shapes)
+    assert any(
+        plans.wide_threads(s[-1], plans.WIDE_BWD_FLOATS)
+        and int(np.prod(s[:-1])) > plans.wide_parts(int(np.prod(s[:-1])), 128) > 1
+        for s in shapes
+    )
     assert any(w > plans.WARP_ROW_MAX and w % 4 for w in widths)
     assert any(w > plans.WIDE_FWD_MAX and w % 4 == 0 for w in widths)
 
@@ -309,25 +357,51 @@ def test_plans_are_legal_for_every_sample(op):
 def test_plans_shape_the_launches_as_the_kernels_expect():
     spec = get_spec("layer_norm")
     for shape, per_block in (((4096, 64), 8), ((10, 256), 8), ((10, 257), 1), ((3, 100_000), 1)):
-        arrays, p, _ = validate(spec, {"x": np.zeros(shape, np.float32), "gamma": np.ones(shape[-1], np.float32),
-                                       "beta": np.zeros(shape[-1], np.float32)}, {}, np.float32)
+        arrays, p, _ = validate(
+            spec,
+            {
+                "x": np.zeros(shape, np.float32),
+                "gamma": np.ones(shape[-1], np.float32),
+                "beta": np.zeros(shape[-1], np.float32),
+            },
+            {},
+            np.float32,
+        )
         (launch,) = plans.layer_norm_forward(arrays, p).launches
         assert launch.symbol == "capsule_layer_norm_fwd" and launch.block == (plans.BLOCK, 1, 1)
         assert launch.grid[0] == min(plans.MAX_GRID_BLOCKS, -(-shape[0] // per_block))
         bwd = plans.layer_norm_backward(arrays, p)
         assert [launch.symbol for launch in bwd.launches] == [
-            "capsule_layer_norm_bwd_x", "capsule_layer_norm_bwd_partials", "capsule_layer_norm_bwd_params"]
+            "capsule_layer_norm_bwd_x",
+            "capsule_layer_norm_bwd_partials",
+            "capsule_layer_norm_bwd_params",
+        ]
         parts = bwd.launches[1].args[-1]
         assert bwd.buffer("partial").elements == 2 * parts * shape[-1] and bwd.launches[1].grid[1] == parts
     # wide rows: a block per row (forward) or per part of the rows (backward), each thread holding
     # at most WIDE_FWD_FLOATS (WIDE_BWD_FLOATS) of the row; the backward fills one wave
-    for shape, fwd_threads, bwd_threads in (((4096, 8192), 512, 1024), ((4096, 4096), 256, 512),
-                                            ((7, 260), 128, 128), ((64, 16384), 1024, 0)):
-        arrays, p, _ = validate(spec, {"x": np.zeros(shape, np.float32), "gamma": np.ones(shape[-1], np.float32),
-                                       "beta": np.zeros(shape[-1], np.float32)}, {}, np.float32)
+    for shape, fwd_threads, bwd_threads in (
+        ((4096, 8192), 512, 1024),
+        ((4096, 4096), 256, 512),
+        ((7, 260), 128, 128),
+        ((64, 16384), 1024, 0),
+    ):
+        arrays, p, _ = validate(
+            spec,
+            {
+                "x": np.zeros(shape, np.float32),
+                "gamma": np.ones(shape[-1], np.float32),
+                "beta": np.zeros(shape[-1], np.float32),
+            },
+            {},
+            np.float32,
+        )
         (launch,) = plans.layer_norm_forward(arrays, p).launches
-        assert (launch.symbol, launch.block, launch.grid) == ("capsule_layer_norm_fwd_wide", (fwd_threads, 1, 1),
-                                                              (shape[0], 1, 1))
+        assert (launch.symbol, launch.block, launch.grid) == (
+            "capsule_layer_norm_fwd_wide",
+            (fwd_threads, 1, 1),
+            (shape[0], 1, 1),
+        )
         assert fwd_threads * plans.WIDE_FWD_FLOATS >= shape[-1]
         bwd = plans.layer_norm_backward(arrays, p)
         if not bwd_threads:
@@ -335,16 +409,34 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
             continue
         wide, params = bwd.launches
         parts = wide.args[-2]
-        assert (wide.symbol, wide.block, wide.grid) == ("capsule_layer_norm_bwd_x_wide", (bwd_threads, 1, 1), (parts, 1, 1))
+        assert (wide.symbol, wide.block, wide.grid) == (
+            "capsule_layer_norm_bwd_x_wide",
+            (bwd_threads, 1, 1),
+            (parts, 1, 1),
+        )
         assert bwd_threads * plans.WIDE_BWD_FLOATS >= shape[-1] and params.args[-1] == parts
         assert bwd.buffer("partial").elements == 2 * parts * shape[-1]
         assert parts == min(shape[0], max(132, min(-(-shape[0] // plans.WIDE_ROW_PART), 132 * (1024 // bwd_threads))))
-    for rows, threads, parts in ((8, 1024, 8), (512, 1024, 132), (4096, 1024, 132), (4096, 512, 264), (2048, 128, 256),
-                                 (100_000, 128, 1056)):
+    for rows, threads, parts in (
+        (8, 1024, 8),
+        (512, 1024, 132),
+        (4096, 1024, 132),
+        (4096, 512, 264),
+        (2048, 128, 256),
+        (100_000, 128, 1056),
+    ):
         assert plans.wide_parts(rows, threads) == parts
     spec = get_spec("batch_norm")
-    arrays, p, _ = validate(spec, {"x": np.zeros((16, 64, 32, 32), np.float32), "gamma": np.ones(64, np.float32),
-                                   "beta": np.zeros(64, np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        spec,
+        {
+            "x": np.zeros((16, 64, 32, 32), np.float32),
+            "gamma": np.ones(64, np.float32),
+            "beta": np.zeros(64, np.float32),
+        },
+        {},
+        np.float32,
+    )
     fwd = plans.batch_norm_forward(arrays, p)
     assert [launch.args[-1] for launch in fwd.launches] == [0, 1, 2]
     assert fwd.launches[0].grid[:2] == (64, fwd.launches[0].args[-3])
@@ -353,15 +445,26 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec("batch_norm")
-    arrays, p, _ = validate(spec, {"x": np.zeros((2, 3, 4), np.float32), "gamma": np.ones(3, np.float32),
-                                   "beta": np.zeros(3, np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        spec,
+        {"x": np.zeros((2, 3, 4), np.float32), "gamma": np.ones(3, np.float32), "beta": np.zeros(3, np.float32)},
+        {},
+        np.float32,
+    )
     plan = plans.batch_norm_forward(arrays, p)
     launch = plan.launches[0]
-    assert missed_faults(plan, symbols("batch_norm"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("12 arguments for 13", {"args": launch.args[:-1]}),
-        ("writable", {"args": ("x", "gamma", "beta", "x", *launch.args[4:])}),
-        ("stage", {"args": (*launch.args[:-1], 0.5)}),
-        ("not declared", {"symbol": "capsule_layer_norm_fwd"}),
-        ("grid dimension 1", {"grid": (3, 70_000, 1)}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("batch_norm"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("12 arguments for 13", {"args": launch.args[:-1]}),
+                ("writable", {"args": ("x", "gamma", "beta", "x", *launch.args[4:])}),
+                ("stage", {"args": (*launch.args[:-1], 0.5)}),
+                ("not declared", {"symbol": "capsule_layer_norm_fwd"}),
+                ("grid dimension 1", {"grid": (3, 70_000, 1)}),
+            ],
+        )
+        == []
+    )

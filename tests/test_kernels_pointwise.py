@@ -25,8 +25,28 @@ from capsule_core.ops.base import SPECIAL_VALUES, seeded_rng, validate
 from capsule_core.plans.pointwise import BLOCK, PLANS, VECTOR
 
 FAMILY = "pointwise"
-OPS = ("relu", "gelu", "add", "sub", "mul", "scale", "abs", "sqrt", "clamp", "max", "min", "sigmoid",
-       "tanh", "softplus", "exp", "sin", "cos", "log", "inv", "safe_log")
+OPS = (
+    "relu",
+    "gelu",
+    "add",
+    "sub",
+    "mul",
+    "scale",
+    "abs",
+    "sqrt",
+    "clamp",
+    "max",
+    "min",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "exp",
+    "sin",
+    "cos",
+    "log",
+    "inv",
+    "safe_log",
+)
 ALL_SYMBOLS = symbols(*OPS)
 
 
@@ -128,8 +148,9 @@ def test_host_math_on_random_bit_patterns(lib, op):
     spec = get_spec(op)
     rng = seeded_rng(op, "host-bits")
     base = spec.edges()[0]
-    inputs = {t.name: rng.integers(0, 2**32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32)
-              for t in spec.inputs}
+    inputs = {
+        t.name: rng.integers(0, 2**32, 1 << 14, dtype=np.uint64).astype(np.uint32).view(np.float32) for t in spec.inputs
+    }
     sample = dataclasses.replace(base, inputs=inputs, case="random-bits", worst_case=True)
     check_forward(lib, spec, sample)
     check_vjp(lib, spec, sample)
@@ -146,17 +167,22 @@ def bits(a):
 def test_host_conventions_spelled_out(lib):
     """The spec's NaN / -0 / kink conventions, value by value."""
     nan, inf = np.nan, np.inf
+
     def fwd(op, *arrays, **p):
         return host_forward(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p)
+
     def vjp(op, *arrays, g, **p):
         return host_vjp(lib, get_spec(op), dict(zip(("x", "y"), arrays)), p, g)
+
     assert bits(fwd("relu", f32(nan, -0.0, 0.0, -2.0, 3.0))) == bits(f32(0, 0, 0, 0, 3))
     assert bits(vjp("relu", f32(0.0, -0.0, 1e-45, nan), g=f32(5, 5, 5, 5))["x"]) == bits(f32(0, 0, 5, 0))
     assert bits(vjp("abs", f32(0.0, -0.0, nan, -2.0, 2.0), g=f32(3, 3, 3, 3, 3))["x"]) == bits(f32(0, 0, 0, -3, 3))
     assert bits(fwd("sqrt", f32(-0.0, 0.0))) == bits(f32(-0.0, 0.0)) and np.isnan(fwd("sqrt", f32(-1e-45))).all()
     assert bits(vjp("sqrt", f32(0.0, -0.0, -1.0), g=f32(1, 1, 1))["x"]) == bits(f32(0, 0, 0))
     assert bits(fwd("clamp", f32(nan, -inf, inf, -5.0), lo=-1.0, hi=2.0)) == bits(f32(-1, -1, 2, -1))
-    assert bits(vjp("clamp", f32(-1.0, 2.0, 0.0, nan), g=f32(7, 7, 7, 7), lo=-1.0, hi=2.0)["x"]) == bits(f32(0, 0, 7, 0))
+    assert bits(vjp("clamp", f32(-1.0, 2.0, 0.0, nan), g=f32(7, 7, 7, 7), lo=-1.0, hi=2.0)["x"]) == bits(
+        f32(0, 0, 7, 0)
+    )
     assert bits(fwd("max", f32(0.0, -0.0, nan, 1.0), f32(-0.0, 0.0, 1.0, nan))) == bits(f32(0.0, 0.0, 1, 1))
     assert bits(fwd("min", f32(0.0, -0.0, nan, 1.0), f32(-0.0, 0.0, 1.0, nan))) == bits(f32(-0.0, -0.0, 1, 1))
     d = vjp("max", f32(2.0, 1.0, 0.0, nan), f32(1.0, 2.0, -0.0, 3.0), g=f32(4, 4, 4, 4))
@@ -193,10 +219,17 @@ def test_planted_launch_faults_are_caught():
     arrays, p, _ = validate(spec, {"x": np.zeros(1000, np.float32)}, {"lo": -1.0, "hi": 1.0}, np.float32)
     plan = PLANS["clamp"][1](arrays, p)
     (launch,) = plan.launches
-    assert missed_faults(plan, symbols("clamp"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("5 arguments for 6", {"args": launch.args[:2] + launch.args[3:]}),
-        ("writable", {"args": ("x", "g", "x", *launch.args[3:])}),
-        ("lo needs", {"args": (*launch.args[:3], "x", *launch.args[4:])}),
-        ("not declared", {"symbol": "capsule_relu_bwd"}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("clamp"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("5 arguments for 6", {"args": launch.args[:2] + launch.args[3:]}),
+                ("writable", {"args": ("x", "g", "x", *launch.args[3:])}),
+                ("lo needs", {"args": (*launch.args[:3], "x", *launch.args[4:])}),
+                ("not declared", {"symbol": "capsule_relu_bwd"}),
+            ],
+        )
+        == []
+    )

@@ -34,7 +34,12 @@ def lib(host_build_dir):
     lib = load("reduce_host", host_build_dir)
     lib.host_inverse_count.restype = ctypes.c_float
     lib.host_inverse_count.argtypes = [ctypes.c_int64]
-    lib.host_mean.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_float)]
+    lib.host_mean.argtypes = [
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_float),
+    ]
     lib.host_reduce_path.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, I64]
     lib.host_segments.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, I64]
     lib.host_broadcast_walk.argtypes = [ctypes.c_int64] * 5 + [I64]
@@ -80,11 +85,18 @@ def test_planted_plan_faults_are_caught():
     x = np.zeros((4, 7), np.float32)
     plan = plans.PLANS["reduce_mean"][0]({"x": x}, {"axis": 1})
     launch = plan.launches[0]
-    assert missed_faults(plan, symbols("reduce_mean"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("6 arguments for 7", {"args": launch.args[:-1]}),
-        ("count = 0.5", {"args": launch.args[:-1] + (0.5,)}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("reduce_mean"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("6 arguments for 7", {"args": launch.args[:-1]}),
+                ("count = 0.5", {"args": launch.args[:-1] + (0.5,)}),
+            ],
+        )
+        == []
+    )
 
 
 def _shaped(shape):
@@ -100,10 +112,23 @@ def _geometry_args(launch):
     return launch.args
 
 
-@pytest.mark.parametrize("shape, axis, two", [
-    ((7,), None, False), ((1024, 4099), -1, False), ((100_003,), None, True), ((4_000_037,), None, True),
-    ((3, 100_001), -1, True), ((4097,), 0, True), ((100_000, 3), 0, True), ((64, 129), 0, False), ((2, 0, 3), 1, False),
-    ((5000, 0), 0, False), ((0, 5000), 1, False), ((1025, 0, 2), 0, False)])
+@pytest.mark.parametrize(
+    "shape, axis, two",
+    [
+        ((7,), None, False),
+        ((1024, 4099), -1, False),
+        ((100_003,), None, True),
+        ((4_000_037,), None, True),
+        ((3, 100_001), -1, True),
+        ((4097,), 0, True),
+        ((100_000, 3), 0, True),
+        ((64, 129), 0, False),
+        ((2, 0, 3), 1, False),
+        ((5000, 0), 0, False),
+        ((0, 5000), 1, False),
+        ((1025, 0, 2), 0, False),
+    ],
+)
 def test_few_outputs_over_a_long_axis_take_two_launches(shape, axis, two):
     x = np.zeros(shape, np.float32)
     for op in OPS:
@@ -125,23 +150,27 @@ def test_few_outputs_over_a_long_axis_take_two_launches(shape, axis, two):
 
 
 def test_plans_size_the_grid_by_the_kernels_path():
-    assert plans.grid(3, 5, 1, 5) == (1, 1, 1)                  # row groups of 8 lanes: 256 segments a block
+    assert plans.grid(3, 5, 1, 5) == (1, 1, 1)  # row groups of 8 lanes: 256 segments a block
     assert plans.grid(10_000, 5, 1, 5) == (40, 1, 1)
-    assert plans.grid(10_000, 100, 1, 100) == (1250, 1, 1)     # a warp per segment
-    assert plans.grid(1024, 4099, 1, 4099) == (1024, 1, 1)      # a block per row
-    assert plans.grid(1, 37, 5, 37) == (1, 1, 1)                # one tile
-    assert plans.grid(1, 64, 129, 64) == (5, 1, 1)              # tiles of 32 outputs
+    assert plans.grid(10_000, 100, 1, 100) == (1250, 1, 1)  # a warp per segment
+    assert plans.grid(1024, 4099, 1, 4099) == (1024, 1, 1)  # a block per row
+    assert plans.grid(1, 37, 5, 37) == (1, 1, 1)  # one tile
+    assert plans.grid(1, 64, 129, 64) == (5, 1, 1)  # tiles of 32 outputs
     assert plans.grid(100, 3, 1000, 3) == (-(-100_000 // 256), 1, 1)  # a thread per output
     assert plans.grid(10**7, 2000, 1, 2000) == (plans.MAX_BLOCKS, 1, 1)
 
 
-@pytest.mark.parametrize("shape, axis, symbols", [
-    ((2**28,), None, ("fwd_block", "fwd_block")),           # 1053 chunks, then their sum in one block
-    ((1024, 4099), -1, ("fwd_block",)),                    # a block per row
-    ((3, 100_001), -1, ("fwd_block", "fwd")),              # chunks of 2048 (49 a row), then their sums: groups
-    ((10_000, 100), -1, ("fwd",)),                         # a warp per row
-    ((100_000, 3), 0, ("fwd", "fwd")),                     # tiles, then columns
-    ((64, 129), 0, ("fwd",))])
+@pytest.mark.parametrize(
+    "shape, axis, symbols",
+    [
+        ((2**28,), None, ("fwd_block", "fwd_block")),  # 1053 chunks, then their sum in one block
+        ((1024, 4099), -1, ("fwd_block",)),  # a block per row
+        ((3, 100_001), -1, ("fwd_block", "fwd")),  # chunks of 2048 (49 a row), then their sums: groups
+        ((10_000, 100), -1, ("fwd",)),  # a warp per row
+        ((100_000, 3), 0, ("fwd", "fwd")),  # tiles, then columns
+        ((64, 129), 0, ("fwd",)),
+    ],
+)
 def test_plans_launch_the_block_per_segment_path_through_its_own_kernel(shape, axis, symbols):
     for op in OPS:
         plan = plans.PLANS[op][0]({"x": _shaped(shape)}, {"axis": axis})
@@ -209,8 +238,9 @@ def test_host_segments_tile_the_axis(lib):
             assert covered == list(range(size)) and len(parts) == chunks
 
 
-@pytest.mark.parametrize("outer, size, inner", [(1, 1, 1), (3, 5, 1), (2, 3, 4), (1, 64, 129), (5, 1, 7), (7, 3, 1),
-                                                (3, 37, 5), (2, 2, 2)])
+@pytest.mark.parametrize(
+    "outer, size, inner", [(1, 1, 1), (3, 5, 1), (2, 3, 4), (1, 64, 129), (5, 1, 7), (7, 3, 1), (3, 37, 5), (2, 2, 2)]
+)
 def test_host_backward_walk_matches_division(lib, outer, size, inner):
     n = outer * size * inner
     for first, stride in ((0, 1), (1, 3), (2, 7), (0, 1000)):
@@ -251,9 +281,19 @@ def test_emulated_kernels_every_path_and_two_launches(emulator, op):
     """Shapes for each path, with chunking along inner > 1 too, and odd lengths everywhere."""
     rng = np.random.default_rng(3)
     problems = []
-    for shape, axis in (((100_000, 3), 0), ((9000, 40), 0), ((5, 7000, 3), 1), ((33, 1025), 1), ((2, 33, 2), 1),
-                        ((1, 31, 70), 1), ((3, 1, 5), 1), ((6000,), 0), ((1025, 0, 2), 0), ((0, 5000), 1),
-                        ((5000, 0), 0)):
+    for shape, axis in (
+        ((100_000, 3), 0),
+        ((9000, 40), 0),
+        ((5, 7000, 3), 1),
+        ((33, 1025), 1),
+        ((2, 33, 2), 1),
+        ((1, 31, 70), 1),
+        ((3, 1, 5), 1),
+        ((6000,), 0),
+        ((1025, 0, 2), 0),
+        ((0, 5000), 1),
+        ((5000, 0), 0),
+    ):
         x = (2.0 * rng.standard_normal(shape)).astype(np.float32)
         problems += emulated_problems(emulator, op, Sample({"x": x}, {"axis": axis}, f"path-{shape}-{axis}"))
     assert problems == []

@@ -70,6 +70,7 @@ def force_chunks(monkeypatch, chunks: int):
     def forced(batch, time, dim):
         width = max(1, min(tile_shape(batch, time, dim)[1][0], plans.MAX_THREADS // chunks))
         return (max(1, min(plans.MAX_GRID_BLOCKS, batch * -(-dim // width))), 1, 1), (width, chunks, 1)
+
     monkeypatch.setattr(plans, "tile_shape", forced)
 
 
@@ -136,8 +137,12 @@ def test_decay_product_beyond_float32_range_is_applied_exactly(emulator, monkeyp
     times the entering state (powers of two only: every step is exact)."""
     force_chunks(monkeypatch, 3)
     exponents = [90, 90, -90, -90, 50, 50, 50, 50, -90, -90, 90, 90]
-    inputs = {"x": np.zeros((1, 12, 1), np.float32), "a": f32([2.0**e for e in exponents])[None, :, None],
-              "b": f32([1]), "h0": f32([[2.0**-100]])}
+    inputs = {
+        "x": np.zeros((1, 12, 1), np.float32),
+        "a": f32([2.0**e for e in exponents])[None, :, None],
+        "b": f32([1]),
+        "h0": f32([[2.0**-100]]),
+    }
     y, _ = run_plans(emulator, inputs, np.zeros((1, 12, 1), np.float32))
     assert y[0, :, 0].tolist() == [2.0**e for e in np.cumsum([-100] + exponents)[1:].tolist()]
 
@@ -159,8 +164,12 @@ def test_spec_test_vectors(emulator, chunks, monkeypatch):
     assert y[0].tolist() == [[2.5, 1.75], [5.25, -3.5625], [2.625, 5.109375]]
     assert d["a"].tolist() == [10.75, -2.6875] and d["b"].tolist() == [9.5, 1.8125]
     assert d["x"][0].tolist() == [[1.75, 2.625], [1.5, 2.5], [1, 2]] and d["h0"].tolist() == [[0.875, 0.328125]]
-    token = {"x": x, "a": f32([[[0.5, 0.25], [0.1, 0.75], [-1, 0.2]]]), "b": f32([[[1, 2], [0.5, -1], [0.25, 0.5]]]),
-             "h0": f32([[1, -1]])}
+    token = {
+        "x": x,
+        "a": f32([[[0.5, 0.25], [0.1, 0.75], [-1, 0.2]]]),
+        "b": f32([[[1, 2], [0.5, -1], [0.25, 0.5]]]),
+        "h0": f32([[1, -1]]),
+    }
     y, _ = run_plans(emulator, token, np.ones((1, 3, 2), np.float32))
     assert np.allclose(y[0], [[2.5, 1.75], [2.25, 3.3125], [-2.25, 2.1625]], rtol=2**-22, atol=0)
 
@@ -186,18 +195,23 @@ I64, I32 = ctypes.c_int64, ctypes.c_int32
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    return declare(load("scan_host", host_build_dir), {
-        "host_scan_split": [F32P] * 3 + [I64, I64, ctypes.c_float, F32P],
-        "host_scan_associate": [F32P] * 4,
-        "host_scan_chunk_range": [I64] * 3 + [I64P, I64P],
-    })
+    return declare(
+        load("scan_host", host_build_dir),
+        {
+            "host_scan_split": [F32P] * 3 + [I64, I64, ctypes.c_float, F32P],
+            "host_scan_associate": [F32P] * 4,
+            "host_scan_chunk_range": [I64] * 3 + [I64P, I64P],
+        },
+    )
 
 
 def test_chunk_combine_is_associative(lib):
     out = np.empty(4, np.float32)
     # Dyadic summaries: every product and sum exact, so both groupings agree bitwise.
     lib.host_scan_associate(ptr(f32([0.5, 3])), ptr(f32([-0.25, 1.5])), ptr(f32([2, -0.125])), ptr(out))
-    assert out[0] == out[2] == np.float32(0.5 * -0.25 * 2) and out[1] == out[3] == np.float32(2 * (-0.25 * 3 + 1.5) - 0.125)
+    assert out[0] == out[2] == np.float32(0.5 * -0.25 * 2) and out[1] == out[3] == np.float32(
+        2 * (-0.25 * 3 + 1.5) - 0.125
+    )
     rng = seeded_rng(OP, "associate")
     for _ in range(200):
         c = [f32(rng.uniform(-1.5, 1.5, 2)) for _ in range(3)]
@@ -246,7 +260,8 @@ def test_chunks_cover_time_once_in_order(lib):
 def _backward_reads_the_forward_result(case):
     shared = case.arrays["a"].ndim == 1 or case.arrays["b"].ndim == 1
     assert [launch.symbol for launch in case.backward.launches] == (
-        ["capsule_selective_scan_bwd"] + ["capsule_selective_scan_bwd_shared"] * shared)
+        ["capsule_selective_scan_bwd"] + ["capsule_selective_scan_bwd_shared"] * shared
+    )
     assert case.backward.buffer("out").role == "input", "the backward reads h[t-1] from the forward's result"
 
 
@@ -255,9 +270,15 @@ def test_plans_are_legal_for_every_sample():
 
 
 def test_tile_shapes():
-    for (batch, time, dim), block in (((4, 2048, 256), (8, 32, 1)), ((1, 4096, 8), (8, 32, 1)), ((2, 5, 3), (4, 1, 1)),
-                                      ((1, 33, 1), (1, 4, 1)), ((2, 0, 3), (4, 1, 1)), ((0, 7, 3), (4, 1, 1)),
-                                      ((2, 300, 50), (8, 32, 1))):
+    for (batch, time, dim), block in (
+        ((4, 2048, 256), (8, 32, 1)),
+        ((1, 4096, 8), (8, 32, 1)),
+        ((2, 5, 3), (4, 1, 1)),
+        ((1, 33, 1), (1, 4, 1)),
+        ((2, 0, 3), (4, 1, 1)),
+        ((0, 7, 3), (4, 1, 1)),
+        ((2, 300, 50), (8, 32, 1)),
+    ):
         grid, got = plans.tile_shape(batch, time, dim)
         assert got == block, (batch, time, dim)
         assert grid[0] == max(1, min(plans.MAX_GRID_BLOCKS, batch * -(-dim // block[0])))
@@ -265,14 +286,30 @@ def test_tile_shapes():
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec(OP)
-    arrays, p, _ = validate(spec, {"x": np.zeros((2, 5, 3), np.float32), "a": np.zeros(3, np.float32),
-                                   "b": np.zeros(3, np.float32), "h0": np.zeros((2, 3), np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        spec,
+        {
+            "x": np.zeros((2, 5, 3), np.float32),
+            "a": np.zeros(3, np.float32),
+            "b": np.zeros(3, np.float32),
+            "h0": np.zeros((2, 3), np.float32),
+        },
+        {},
+        np.float32,
+    )
     plan = plans.backward(arrays, p)
     launch = plan.launches[0]
-    assert missed_faults(plan, SYMBOLS, [
-        ("2048 threads", {"block": (64, 32, 1)}),
-        ("16 arguments for 17", {"args": launch.args[:-1]}),
-        ("writable", {"args": (*launch.args[:6], "x", *launch.args[7:])}),
-        ("a_per_token", {"args": (*launch.args[:-2], 2**40, launch.args[-1])}),
-        ("not declared", {"symbol": "capsule_selective_scan_bwd_x"}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            SYMBOLS,
+            [
+                ("2048 threads", {"block": (64, 32, 1)}),
+                ("16 arguments for 17", {"args": launch.args[:-1]}),
+                ("writable", {"args": (*launch.args[:6], "x", *launch.args[7:])}),
+                ("a_per_token", {"args": (*launch.args[:-2], 2**40, launch.args[-1])}),
+                ("not declared", {"symbol": "capsule_selective_scan_bwd_x"}),
+            ],
+        )
+        == []
+    )

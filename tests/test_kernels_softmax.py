@@ -83,18 +83,25 @@ def test_planted_plan_faults_are_caught():
     x = np.zeros((4, 7), np.float32)
     plan = plans.PLANS["softmax"][0]({"x": x}, {})
     launch = plan.launches[0]
-    assert missed_faults(plan, symbols("softmax"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("3 arguments for 4", {"args": launch.args[:-1]}),
-        ("writable but buffer x", {"args": ("out", "x", 4, 7)}),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("softmax"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("3 arguments for 4", {"args": launch.args[:-1]}),
+                ("writable but buffer x", {"args": ("out", "x", 4, 7)}),
+            ],
+        )
+        == []
+    )
 
 
 def test_plans_size_the_grid_by_path():
     assert plans.grid(1000, 7, plans.GROUP_COLS) == (-(-1000 // 256), 1, 1)  # 4 groups a warp, 8 rows each
     assert plans.grid(1000, 100, plans.GROUP_COLS) == (-(-1000 // 16), 1, 1)  # a warp per row, 2 at a time
-    assert plans.grid(1000, 1000, plans.GROUP_COLS) == (125, 1, 1)           # a warp per row
-    assert plans.grid(1000, 4097, plans.GROUP_COLS) == (1000, 1, 1)          # a block per row
+    assert plans.grid(1000, 1000, plans.GROUP_COLS) == (125, 1, 1)  # a warp per row
+    assert plans.grid(1000, 4097, plans.GROUP_COLS) == (1000, 1, 1)  # a block per row
     assert plans.grid(10**7, 4097, plans.GROUP_COLS) == (plans.MAX_BLOCKS, 1, 1)
     assert plans.grid(0, 5, plans.GROUP_COLS) == (1, 1, 1)
 
@@ -105,18 +112,22 @@ def _shaped(shape):
 
 
 def _symbols(plan):
-    return tuple(launch.symbol[len(f"capsule_{plan.op}_"):] for launch in plan.launches)
+    return tuple(launch.symbol[len(f"capsule_{plan.op}_") :] for launch in plan.launches)
 
 
-@pytest.mark.parametrize("shape, forward, backward", [
-    ((1000, 100), ("fwd",), ("bwd",)),                                   # lane groups
-    ((1000, 1000), ("fwd",), ("bwd_block",)),                            # the backward's groups end at 512
-    ((4096, 4096), ("fwd_block",), ("bwd_block",)),                      # rows enough to fill the device
-    ((600, 65536), ("fwd_block",), ("bwd_block",)),
-    ((500, 4095), ("fwd_block",), ("bwd_block",)),                       # too short to cut
-    ((32, 65536), ("fwd_partials", "fwd_finish"), ("bwd_partials", "bwd_finish")),
-    ((1, 4096), ("fwd_partials", "fwd_finish"), ("bwd_partials", "bwd_finish")),
-    ((0, 65536), ("fwd_block",), ("bwd_block",))])
+@pytest.mark.parametrize(
+    "shape, forward, backward",
+    [
+        ((1000, 100), ("fwd",), ("bwd",)),  # lane groups
+        ((1000, 1000), ("fwd",), ("bwd_block",)),  # the backward's groups end at 512
+        ((4096, 4096), ("fwd_block",), ("bwd_block",)),  # rows enough to fill the device
+        ((600, 65536), ("fwd_block",), ("bwd_block",)),
+        ((500, 4095), ("fwd_block",), ("bwd_block",)),  # too short to cut
+        ((32, 65536), ("fwd_partials", "fwd_finish"), ("bwd_partials", "bwd_finish")),
+        ((1, 4096), ("fwd_partials", "fwd_finish"), ("bwd_partials", "bwd_finish")),
+        ((0, 65536), ("fwd_block",), ("bwd_block",)),
+    ],
+)
 def test_plans_pick_the_path_by_shape(shape, forward, backward):
     for op in OPS:
         inputs = {"x": _shaped(shape), "mask": _shaped(shape)}
@@ -164,7 +175,9 @@ def test_lean_kernels_have_a_budget_of_32_registers():
 
 def test_python_mirror_of_the_path_choice_matches_the_header(lib):
     assert lib.host_softmax_threads() == plans.THREADS
-    assert lib.host_softmax_group_cols(0) == plans.GROUP_COLS and lib.host_softmax_group_cols(1) == plans.GRAD_GROUP_COLS
+    assert (
+        lib.host_softmax_group_cols(0) == plans.GROUP_COLS and lib.host_softmax_group_cols(1) == plans.GRAD_GROUP_COLS
+    )
     lanes, values, batch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
     for cols in list(range(1, 70)) + [127, 128, 129, 255, 256, 257, 511, 512, 513, 1000, 1023, 1024, 1025, 4097]:
         for group_cols in (plans.GROUP_COLS, plans.GRAD_GROUP_COLS):
@@ -172,8 +185,14 @@ def test_python_mirror_of_the_path_choice_matches_the_header(lib):
             if cols > group_cols:
                 assert (lanes.value, values.value, batch.value) == (0, 0, 0)
             else:
-                assert (lanes.value, values.value, batch.value) == (plans.lanes(cols), plans.values(cols), plans.batch(cols))
-                assert lanes.value * values.value >= cols and (values.value == 1 or lanes.value * values.value < 2 * cols)
+                assert (lanes.value, values.value, batch.value) == (
+                    plans.lanes(cols),
+                    plans.values(cols),
+                    plans.batch(cols),
+                )
+                assert lanes.value * values.value >= cols and (
+                    values.value == 1 or lanes.value * values.value < 2 * cols
+                )
 
 
 def test_row_split_covers_the_row_with_aligned_vectors(lib):
@@ -217,7 +236,9 @@ def test_host_math_matches_the_reference_forward_and_backward(lib, op):
         return _host_forward(lib, op, arrays["x"], arrays.get("mask"))
 
     for sample in cases(op, ("small", "medium")):
-        check_host_model(op, sample, forward, lambda arrays, p, g: {"x": _host_backward(lib, op, forward(arrays, p), g)})
+        check_host_model(
+            op, sample, forward, lambda arrays, p, g: {"x": _host_backward(lib, op, forward(arrays, p), g)}
+        )
 
 
 def test_host_masked_rule_blocked_entries_are_exact_zeros_and_never_read(lib):
@@ -273,8 +294,9 @@ def _forced(plan, path: str, rows: int, cols: int):
         inputs = ("out", "g")
     output = "out" if direction == "fwd" else "dx"
     buffers = tuple(b for b in plan.buffers if b.role != "workspace")
-    launch = Launch(f"capsule_{plan.op}_{direction}_{path}", (3, 1, 1), (plans.THREADS, 1, 1),
-                    (*inputs, output, rows, cols))
+    launch = Launch(
+        f"capsule_{plan.op}_{direction}_{path}", (3, 1, 1), (plans.THREADS, 1, 1), (*inputs, output, rows, cols)
+    )
     return LaunchPlan(plan.op, plan.direction, buffers, (launch,), output_shapes=plan.output_shapes)
 
 

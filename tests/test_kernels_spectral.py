@@ -71,15 +71,18 @@ I64, I32 = ctypes.c_int64, ctypes.c_int32
 
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
-    return declare(load("spectral_host", host_build_dir), {
-        "host_fft_fno_fwd": [F32P] * 4 + [I64] * 6,
-        "host_fft_fno_bwd": [F32P] * 7 + [I64] * 6,
-        "host_rfft_modes": [F32P, I64, I64, F32P, I64],
-        "host_fno_twiddles": [I64, I64P, I64, F32P, F32P],
-        "host_fno_turns": [I64, I64, I64, I64, I64P, I32],
-        "host_fno_turn": [I64P, I64P, I64, I64, I64P],
-        "host_fno_bin_scale": [F32P, I64P, I64, I64, F32P],
-    })
+    return declare(
+        load("spectral_host", host_build_dir),
+        {
+            "host_fft_fno_fwd": [F32P] * 4 + [I64] * 6,
+            "host_fft_fno_bwd": [F32P] * 7 + [I64] * 6,
+            "host_rfft_modes": [F32P, I64, I64, F32P, I64],
+            "host_fno_twiddles": [I64, I64P, I64, F32P, F32P],
+            "host_fno_turns": [I64, I64, I64, I64, I64P, I32],
+            "host_fno_turn": [I64P, I64P, I64, I64, I64P],
+            "host_fno_bin_scale": [F32P, I64P, I64, I64, F32P],
+        },
+    )
 
 
 def dims(arrays):
@@ -109,17 +112,34 @@ def host_vjp(lib, arrays, g_, parts=None):
     b, g, ci, co, m = dims(arrays)
     dx = np.full(x.shape, np.nan, np.float32)
     dw_re, dw_im = np.full(w_re.shape, np.nan, np.float32), np.full(w_re.shape, np.nan, np.float32)
-    lib.host_fft_fno_bwd(ptr(x), ptr(w_re), ptr(w_im), ptr(g_), ptr(dx), ptr(dw_re), ptr(dw_im), b, g, ci, co, m,
-                         parts or plan_parts(arrays, "bwd"))
+    lib.host_fft_fno_bwd(
+        ptr(x),
+        ptr(w_re),
+        ptr(w_im),
+        ptr(g_),
+        ptr(dx),
+        ptr(dw_re),
+        ptr(dw_im),
+        b,
+        g,
+        ci,
+        co,
+        m,
+        parts or plan_parts(arrays, "bwd"),
+    )
     return {"x": dx, "w_re": dw_re, "w_im": dw_im}
 
 
 def check_forward(lib, sample, parts=None):
-    return check_host_model(OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, parts), label=f" parts={parts}")
+    return check_host_model(
+        OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, parts), label=f" parts={parts}"
+    )
 
 
 def check_vjp(lib, sample, parts=None):
-    return check_host_model(OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, parts), label=f" parts={parts}")
+    return check_host_model(
+        OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, parts), label=f" parts={parts}"
+    )
 
 
 def test_host_forward_meets_the_contract(lib):
@@ -181,9 +201,15 @@ def test_turns_are_reduced_exactly_for_huge_grids(lib):
     forming j·inc, so grids past 2^31 (and products past 2^63) stay exact; 32-bit turns stay
     exact up to G = 2^31 (r + inc < 2^32)."""
     out = np.empty(1000, np.int64)
-    for grid, start, inc, narrow in ((7, 0, 3, 1), (7, 5, 6, 0), (2**31, 2**31 - 1, 2**31 - 1, 1), (2**31 - 1, 3, 2**30 + 7, 1),
-                                     (2**31 + 11, 2**31, 2**30 + 7, 0), (2**40 + 3, 0, 2**39 + 1, 0),
-                                     (2**62 - 57, 2**62 - 58, 2**61 + 5, 0)):
+    for grid, start, inc, narrow in (
+        (7, 0, 3, 1),
+        (7, 5, 6, 0),
+        (2**31, 2**31 - 1, 2**31 - 1, 1),
+        (2**31 - 1, 3, 2**30 + 7, 1),
+        (2**31 + 11, 2**31, 2**30 + 7, 0),
+        (2**40 + 3, 0, 2**39 + 1, 0),
+        (2**62 - 57, 2**62 - 58, 2**61 + 5, 0),
+    ):
         lib.host_fno_turns(grid, start, inc, out.size, ptr(out), narrow)
         assert out.tolist() == [(start + j * inc) % grid for j in range(out.size)], (grid, narrow)
 
@@ -257,7 +283,10 @@ def test_kernels_on_the_emulator_with_64_bit_turns(emulator, monkeypatch):
 
 def _launches(case):
     fwd = [launch.symbol for launch in case.forward.launches]
-    assert fwd[0] == "capsule_fft_fno_fwd_twiddles" and fwd[-2:] == ["capsule_fft_fno_fwd_mix", "capsule_fft_fno_fwd_synthesis"]
+    assert fwd[0] == "capsule_fft_fno_fwd_twiddles" and fwd[-2:] == [
+        "capsule_fft_fno_fwd_mix",
+        "capsule_fft_fno_fwd_synthesis",
+    ]
 
 
 def test_plans_are_legal_for_every_sample():
@@ -265,20 +294,36 @@ def test_plans_are_legal_for_every_sample():
 
 
 def _plans(b, g, ci, co, m):
-    arrays, p, _ = validate(get_spec(OP), {"x": np.zeros((b, g, ci), np.float32), "w_re": np.zeros((m, ci, co), np.float32),
-                                           "w_im": np.zeros((m, ci, co), np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        get_spec(OP),
+        {
+            "x": np.zeros((b, g, ci), np.float32),
+            "w_re": np.zeros((m, ci, co), np.float32),
+            "w_im": np.zeros((m, ci, co), np.float32),
+        },
+        {},
+        np.float32,
+    )
     return plans.forward(arrays, p), plans.backward(arrays, p)
 
 
 def test_plans_size_the_launches_as_the_kernels_expect():
-    for b, g, ci, co, m in ((16, 2048, 64, 64, 64), (2, 6144, 3, 2, 5), (2, 6145, 3, 2, 5), (0, 8, 2, 3, 5),
-                            (20, 4096, 64, 64, 16), (1, 100, 7, 5, 51), (4096, 64, 64, 64, 16)):
+    for b, g, ci, co, m in (
+        (16, 2048, 64, 64, 64),
+        (2, 6144, 3, 2, 5),
+        (2, 6145, 3, 2, 5),
+        (0, 8, 2, 3, 5),
+        (20, 4096, 64, 64, 16),
+        (1, 100, 7, 5, 51),
+        (4096, 64, 64, 64, 16),
+    ):
         fwd, bwd = _plans(b, g, ci, co, m)
         assert all(launch.shared_bytes == 0 for launch in fwd.launches + bwd.launches)
         assert fwd.buffer("table").elements == bwd.buffer("table").elements == 2 * g
-        for plan, analysis, total in ((fwd, "capsule_fft_fno_fwd_analysis", plans.analysis_items(b, g, ci, m)),
-                                      (bwd, "capsule_fft_fno_bwd_spectra",
-                                       plans.analysis_items(b, g, ci, m) + plans.analysis_items(b, g, co, m))):
+        for plan, analysis, total in (
+            (fwd, "capsule_fft_fno_fwd_analysis", plans.analysis_items(b, g, ci, m)),
+            (bwd, "capsule_fft_fno_bwd_spectra", plans.analysis_items(b, g, ci, m) + plans.analysis_items(b, g, co, m)),
+        ):
             launch = next(launch for launch in plan.launches if launch.symbol == analysis)
             parts = launch.args[-1]
             span = -(-g // parts)
@@ -296,24 +341,45 @@ def test_reference_shape_fills_an_h200():
     over the grid axis they make one wave of four 256-thread blocks on each of 132 SMs."""
     fwd, bwd = _plans(20, 4096, 64, 64, 16)
     assert [(launch.symbol, launch.grid[0], launch.args[-1]) for launch in fwd.launches[1:3]] == [
-        ("capsule_fft_fno_fwd_analysis", 520, 52), ("capsule_fft_fno_fwd_sum", 320, 52)]
+        ("capsule_fft_fno_fwd_analysis", 520, 52),
+        ("capsule_fft_fno_fwd_sum", 320, 52),
+    ]
     assert [(launch.symbol, launch.grid, launch.args[-1]) for launch in bwd.launches[1:3]] == [
-        ("capsule_fft_fno_bwd_spectra", (520, 1, 1), 26), ("capsule_fft_fno_bwd_sum", (640, 1, 1), 26)]
+        ("capsule_fft_fno_bwd_spectra", (520, 1, 1), 26),
+        ("capsule_fft_fno_bwd_sum", (640, 1, 1), 26),
+    ]
     for launch in fwd.launches[1:] + bwd.launches[1:]:
         assert launch.grid[0] * launch.grid[1] >= 132, launch.symbol
 
 
 def test_planted_launch_faults_are_caught():
     spec = get_spec(OP)
-    arrays, p, _ = validate(spec, {"x": np.zeros((2, 8, 3), np.float32), "w_re": np.zeros((3, 3, 2), np.float32),
-                                   "w_im": np.zeros((3, 3, 2), np.float32)}, {}, np.float32)
+    arrays, p, _ = validate(
+        spec,
+        {
+            "x": np.zeros((2, 8, 3), np.float32),
+            "w_re": np.zeros((3, 3, 2), np.float32),
+            "w_im": np.zeros((3, 3, 2), np.float32),
+        },
+        {},
+        np.float32,
+    )
     plan = plans.forward(arrays, p)
     launch = plan.launches[1]
     assert launch.symbol == "capsule_fft_fno_fwd_analysis"
-    assert missed_faults(plan, SYMBOLS, [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("8 arguments for 9", {"args": launch.args[:-1]}),
-        ("writable", {"args": ("x", "table", "x", *launch.args[3:])}),
-        ("dynamic shared memory", {"shared_bytes": 200 * 1024}),
-        ("not declared", {"symbol": "capsule_fft_fno_fwd"}),
-    ], index=1, arch="sm_80") == []
+    assert (
+        missed_faults(
+            plan,
+            SYMBOLS,
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("8 arguments for 9", {"args": launch.args[:-1]}),
+                ("writable", {"args": ("x", "table", "x", *launch.args[3:])}),
+                ("dynamic shared memory", {"shared_bytes": 200 * 1024}),
+                ("not declared", {"symbol": "capsule_fft_fno_fwd"}),
+            ],
+            index=1,
+            arch="sm_80",
+        )
+        == []
+    )

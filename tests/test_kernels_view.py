@@ -43,8 +43,9 @@ FAMILY = "view"
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")
 SYMBOLS = family_symbols(FAMILY)
 
-PAYLOADS = np.array([0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000, 0x3F800000],
-                    dtype=np.uint32).view(np.float32)
+PAYLOADS = np.array(
+    [0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000, 0x3F800000], dtype=np.uint32
+).view(np.float32)
 """NaNs with payloads (one signalling), −0, the smallest subnormal, −inf, 1."""
 
 
@@ -71,15 +72,18 @@ def test_reshape_names_no_kernel():
 @pytest.fixture(scope="module")
 def lib(host_build_dir):
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    return declare(load("view_host", host_build_dir), {
-        "host_view_offset": (i64, [p, p, i32, i64, i32]),
-        "host_view_path": (i32, [p, p, i32, i32, i32, i32]),
-        "host_tile_count": (i64, [p, p, i32]),
-        "host_broadcast_row_mode": (i32, [p, i32]),
-        "host_rows": (None, [i32] + [i64] * 5 + [p]),
-        "host_rows_vec4": (i32, [i32] + [i64] * 5 + [i32, i32]),
-        "host_slice_fill_vec4": (i32, [i64] * 4 + [i32, i32]),
-    })
+    return declare(
+        load("view_host", host_build_dir),
+        {
+            "host_view_offset": (i64, [p, p, i32, i64, i32]),
+            "host_view_path": (i32, [p, p, i32, i32, i32, i32]),
+            "host_tile_count": (i64, [p, p, i32]),
+            "host_broadcast_row_mode": (i32, [p, i32]),
+            "host_rows": (None, [i32] + [i64] * 5 + [p]),
+            "host_rows_vec4": (i32, [i32] + [i64] * 5 + [i32, i32]),
+            "host_slice_fill_vec4": (i32, [i64] * 4 + [i32, i32]),
+        },
+    )
 
 
 ROWS = {"capsule_concat_fwd": 0, "capsule_concat_bwd": 1, "capsule_slice_fwd": 2}
@@ -90,6 +94,7 @@ def path_of(lib):
     """The path a launch takes, by view.cuh's own choice on its arguments, its geometry and the
     alignment of its float32 buffers: permute and broadcast forward a PATH_*, broadcast's backward 1
     in row mode and 0 in column mode, concat, slice and slice's backward 1 for 16-byte moves."""
+
     def path(plan, launch, aligned):
         a = launch.args
         if launch.symbol in ROWS:
@@ -102,6 +107,7 @@ def path_of(lib):
             return lib.host_broadcast_row_mode(geometry.ctypes.data, rank)
         tiles = launch.symbol.startswith("capsule_permute")
         return lib.host_view_path(geometry.ctypes.data, geometry[rank:].ctypes.data, rank, aligned, aligned, tiles)
+
     return path
 
 
@@ -125,8 +131,8 @@ SCALAR, COPY4, FILL4, TILE = plans.PATH_SCALAR, plans.PATH_COPY4, plans.PATH_FIL
 PATHS = {
     "reshape": set(),
     "permute": {(f"capsule_permute_{d}", p) for d in ("fwd", "bwd") for p in (SCALAR, COPY4, TILE)},
-    "broadcast": {("capsule_broadcast_fwd", p) for p in (SCALAR, COPY4, FILL4)} | {("capsule_broadcast_bwd", 0),
-                                                                                   ("capsule_broadcast_bwd", 1)},
+    "broadcast": {("capsule_broadcast_fwd", p) for p in (SCALAR, COPY4, FILL4)}
+    | {("capsule_broadcast_bwd", 0), ("capsule_broadcast_bwd", 1)},
     "concat": {(f"capsule_concat_{d}", p) for d in ("fwd", "bwd") for p in (0, 1)},
     "slice": {(f"capsule_slice_{d}", p) for d in ("fwd", "bwd") for p in (0, 1)},
 }
@@ -141,8 +147,11 @@ def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
     model), taking every path of its kernels (broadcast's forward repeating its last axis too)."""
     samples = cases(op)
     if op == "broadcast":
-        samples.append(sample_of(op, {"x": np.arange(5, dtype=np.float32).reshape(5, 1)}, {"shape": (3, 5, 64)},
-                                 "repeat-last-axis"))
+        samples.append(
+            sample_of(
+                op, {"x": np.arange(5, dtype=np.float32).reshape(5, 1)}, {"shape": (3, 5, 64)}, "repeat-last-axis"
+            )
+        )
     seen = set()
     for sample in samples:
         seen.update(emulated_paths(emu, op, sample, path_of))
@@ -166,13 +175,17 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     """Each 16-byte path, taken on aligned buffers, moves words when the float32 buffers (all of
     them, the inputs only, the outputs only) are 4 bytes off alignment."""
     rng = seeded_rng("view", "vectors")
+
     def x(*shape):
         return rng.standard_normal(shape).astype(np.float32)
-    cases = [("permute", {"x": x(4, 8, 8)}, {"perm": (1, 0, 2)}, [COPY4, COPY4]),
-             ("broadcast", {"x": x(3, 1, 8)}, {"shape": (3, 4, 8)}, [COPY4, 0]),
-             ("broadcast", {"x": x(5, 1)}, {"shape": (3, 5, 8)}, [FILL4, 1]),
-             ("concat", {"xs": (x(2, 4), x(2, 8))}, {"axis": 1}, [1, 1, 1, 1]),
-             ("slice", {"x": x(3, 12)}, {"axis": 1, "start": 4, "length": 4}, [1, 1])]
+
+    cases = [
+        ("permute", {"x": x(4, 8, 8)}, {"perm": (1, 0, 2)}, [COPY4, COPY4]),
+        ("broadcast", {"x": x(3, 1, 8)}, {"shape": (3, 4, 8)}, [COPY4, 0]),
+        ("broadcast", {"x": x(5, 1)}, {"shape": (3, 5, 8)}, [FILL4, 1]),
+        ("concat", {"xs": (x(2, 4), x(2, 8))}, {"axis": 1}, [1, 1, 1, 1]),
+        ("slice", {"x": x(3, 12)}, {"axis": 1, "start": 4, "length": 4}, [1, 1]),
+    ]
     for op, inputs, params, vectors in cases:
         sample = sample_of(op, inputs, params, "vectors")
         assert [path for _, path in emulated_paths(emu, op, sample, path_of)] == vectors, (op, params)
@@ -186,14 +199,18 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
 def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
     """Rows of a multiple of 4 elements whose starts are not (inner = 2, odd offsets): no vector move."""
     rng = seeded_rng("view", "odd-starts")
+
     def x(*shape):
         return rng.standard_normal(shape).astype(np.float32)
-    cases = [("concat", {"xs": (x(3, 1, 2), x(3, 2, 2), x(3, 1, 2))}, {"axis": 1}),
-             ("concat", {"xs": (x(2, 2), x(2, 4), x(2, 2))}, {"axis": 1}),
-             ("slice", {"x": x(3, 8, 2)}, {"axis": 1, "start": 1, "length": 2}),
-             ("slice", {"x": x(4, 10)}, {"axis": 1, "start": 2, "length": 4}),
-             ("permute", {"x": x(4, 2, 6)}, {"perm": (1, 0, 2)}),
-             ("broadcast", {"x": x(3, 1, 2)}, {"shape": (3, 2, 2)})]
+
+    cases = [
+        ("concat", {"xs": (x(3, 1, 2), x(3, 2, 2), x(3, 1, 2))}, {"axis": 1}),
+        ("concat", {"xs": (x(2, 2), x(2, 4), x(2, 2))}, {"axis": 1}),
+        ("slice", {"x": x(3, 8, 2)}, {"axis": 1, "start": 1, "length": 2}),
+        ("slice", {"x": x(4, 10)}, {"axis": 1, "start": 2, "length": 4}),
+        ("permute", {"x": x(4, 2, 6)}, {"perm": (1, 0, 2)}),
+        ("broadcast", {"x": x(3, 1, 2)}, {"shape": (3, 2, 2)}),
+    ]
     for op, inputs, params in cases:
         paths = emulated_paths(emu, op, sample_of(op, inputs, params, "odd-starts"), path_of)
         assert all(path == 0 for symbol, path in paths if symbol != "capsule_broadcast_bwd"), (op, paths)
@@ -202,10 +219,15 @@ def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
 def test_bits_survive_every_view(emu):
     """NaN payloads (quiet and signalling), −0 and subnormals move as bits, forward and back."""
     x = np.resize(PAYLOADS, (4, 6, 8))
-    cases = [("permute", {"x": x}, {"perm": (2, 0, 1)}), ("permute", {"x": x}, {"perm": (1, 0, 2)}),
-             ("broadcast", {"x": x[:1]}, {"shape": (3, 4, 6, 8)}), ("broadcast", {"x": x[..., :1]}, {"shape": (4, 6, 8)}),
-             ("concat", {"xs": (x, x[:, :3])}, {"axis": 1}), ("slice", {"x": x}, {"axis": 2, "start": 1, "length": 6}),
-             ("reshape", {"x": x}, {"shape": (-1,)})]
+    cases = [
+        ("permute", {"x": x}, {"perm": (2, 0, 1)}),
+        ("permute", {"x": x}, {"perm": (1, 0, 2)}),
+        ("broadcast", {"x": x[:1]}, {"shape": (3, 4, 6, 8)}),
+        ("broadcast", {"x": x[..., :1]}, {"shape": (4, 6, 8)}),
+        ("concat", {"xs": (x, x[:, :3])}, {"axis": 1}),
+        ("slice", {"x": x}, {"axis": 2, "start": 1, "length": 6}),
+        ("reshape", {"x": x}, {"shape": (-1,)}),
+    ]
     for op, inputs, params in cases:
         spec = get_spec(op)
         fwd, bwd = plan_functions(registry.lookup(op))
@@ -265,8 +287,9 @@ def test_python_mirrors_of_the_kernel_choices_agree(lib):
                 shape[-1] = 4 * int(rng.integers(1, 40))
             sh, st = i64(shape), i64(stride)
             for x16, y16, tiles in itertools.product((0, 1), repeat=3):
-                assert lib.host_view_path(sh.ctypes.data, st.ctypes.data, rank, x16, y16, tiles) == \
-                    plans.view_path(shape, stride, bool(tiles), bool(x16), bool(y16)), (shape, stride, x16, y16, tiles)
+                assert lib.host_view_path(sh.ctypes.data, st.ctypes.data, rank, x16, y16, tiles) == plans.view_path(
+                    shape, stride, bool(tiles), bool(x16), bool(y16)
+                ), (shape, stride, x16, y16, tiles)
             if plans.tile_axis(shape, stride) >= 0:
                 assert lib.host_tile_count(sh.ctypes.data, st.ctypes.data, rank) == plans.tile_count(shape, stride)
 
@@ -274,7 +297,9 @@ def test_python_mirrors_of_the_kernel_choices_agree(lib):
 def with_geometry(plan, shape, stride):
     """A permute or broadcast forward plan launching its kernel on another geometry (not simplified)."""
     geometry = i64(list(shape) + list(stride))
-    buffers = tuple(Buffer("geometry", "meta", "int64", geometry.size) if b.name == "geometry" else b for b in plan.buffers)
+    buffers = tuple(
+        Buffer("geometry", "meta", "int64", geometry.size) if b.name == "geometry" else b for b in plan.buffers
+    )
     plan = dataclasses.replace(plan, buffers=buffers, host_data={**plan.host_data, "geometry": geometry})
     (launch,) = plan.launches
     return with_launch(plan, args=(*launch.args[:3], len(shape), launch.args[4]))
@@ -293,16 +318,31 @@ def test_permute_every_rank_and_permutation_kind(emu, path_of):
             perm = tuple(int(a) for a in rng.permutation(rank))
             x = rng.standard_normal(shape).astype(np.float32)
             want = np.transpose(x, perm)
-            emulated_paths(emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, f"rank{rank}-{trial}"), path_of)
+            emulated_paths(
+                emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, f"rank{rank}-{trial}"), path_of
+            )
             if x.size:
                 strides = plans._strides(shape)
-                raw = with_geometry(forward({"x": x}, {"perm": perm}), [shape[a] for a in perm], [strides[a] for a in perm])
+                raw = with_geometry(
+                    forward({"x": x}, {"perm": perm}), [shape[a] for a in perm], [strides[a] for a in perm]
+                )
                 assert same_bits(emu.run(raw, {"x": x})["out"], want), (shape, perm)
 
 
-@pytest.mark.parametrize("shape, perm", [((70, 5), (1, 0)), ((5, 70), (1, 0)), ((3, 33, 65), (0, 2, 1)),
-                                         ((2, 1000), (1, 0)), ((1000, 3), (1, 0)), ((33, 2, 31, 3), (3, 1, 2, 0)),
-                                         ((4, 64, 64), (2, 1, 0)), ((7, 1, 9), (2, 1, 0)), ((37, 41), (1, 0))])
+@pytest.mark.parametrize(
+    "shape, perm",
+    [
+        ((70, 5), (1, 0)),
+        ((5, 70), (1, 0)),
+        ((3, 33, 65), (0, 2, 1)),
+        ((2, 1000), (1, 0)),
+        ((1000, 3), (1, 0)),
+        ((33, 2, 31, 3), (3, 1, 2, 0)),
+        ((4, 64, 64), (2, 1, 0)),
+        ((7, 1, 9), (2, 1, 0)),
+        ((37, 41), (1, 0)),
+    ],
+)
 def test_permute_tiles_partial_and_batched(emu, path_of, shape, perm):
     """Tiles that overhang both axes, last axes narrower than 32 (TB < 32), batched transposes."""
     x = seeded_rng("view", f"tiles{shape}").standard_normal(shape).astype(np.float32)
@@ -313,7 +353,10 @@ def test_permute_tiles_partial_and_batched(emu, path_of, shape, perm):
 def test_geometry_simplification():
     assert plans.permute_geometry((48, 128, 257), (2, 0, 1)) == ([257, 6144], [1, 257])
     assert plans.permute_geometry((3, 37), (0, 1)) == ([111], [1])
-    assert plans.permute_geometry((2, 1, 3, 1, 2, 3, 1, 2), (7, 2, 5, 0, 3, 6, 1, 4)) == ([2, 3, 3, 2, 2], [1, 12, 2, 36, 6])
+    assert plans.permute_geometry((2, 1, 3, 1, 2, 3, 1, 2), (7, 2, 5, 0, 3, 6, 1, 4)) == (
+        [2, 3, 3, 2, 2],
+        [1, 12, 2, 36, 6],
+    )
     assert plans.permute_geometry((0, 3, 2), (2, 0, 1)) == ([0], [1])
     assert plans.permute_geometry((), ()) == ([1], [1])
     assert plans.broadcast_geometry((16, 1, 33), (8, 16, 31, 33)) == ([8, 16, 31, 33], [0, 33, 0, 1])
@@ -329,8 +372,17 @@ def test_broadcast_backward_sums_for_any_block(emu, lib, block):
     exact for one copy, +0 for none."""
     rng = seeded_rng("view", f"bcast-bwd-{block}")
     spec = get_spec("broadcast")
-    cases = [((1, 1531), (64, 1531)), ((3, 1), (3, 1000)), ((16, 1, 33), (8, 16, 31, 33)), ((), (3, 37)),
-             ((1, 3), (4099, 3)), ((2, 1), (5, 3, 2, 7)), ((3, 37), (3, 37)), ((1, 3), (0, 3)), ((5,), (5,))]
+    cases = [
+        ((1, 1531), (64, 1531)),
+        ((3, 1), (3, 1000)),
+        ((16, 1, 33), (8, 16, 31, 33)),
+        ((), (3, 37)),
+        ((1, 3), (4099, 3)),
+        ((2, 1), (5, 3, 2, 7)),
+        ((3, 37), (3, 37)),
+        ((1, 3), (0, 3)),
+        ((5,), (5,)),
+    ]
     for x_shape, target in cases:
         g = rng.standard_normal(target).astype(np.float32)
         arrays, p, _ = validate(spec, {"x": np.zeros(x_shape, np.float32)}, {"shape": target}, np.float32)
@@ -351,25 +403,34 @@ def test_broadcast_backward_sums_for_any_block(emu, lib, block):
 
 def test_row_copies_of_concat_and_slice(lib):
     out = i64(np.zeros(6))
-    lib.host_rows(0, 5, 3, 7, 10, 4, out.ctypes.data)   # concat fwd: x (5, 3, 7) into y (5, 10, 7) at 4
+    lib.host_rows(0, 5, 3, 7, 10, 4, out.ctypes.data)  # concat fwd: x (5, 3, 7) into y (5, 10, 7) at 4
     assert out.tolist() == [5, 21, 0, 21, 28, 70]
-    lib.host_rows(1, 5, 3, 7, 10, 4, out.ctypes.data)   # concat bwd: dx (5, 3, 7) from g at 4
+    lib.host_rows(1, 5, 3, 7, 10, 4, out.ctypes.data)  # concat bwd: dx (5, 3, 7) from g at 4
     assert out.tolist() == [5, 21, 28, 70, 0, 21]
-    lib.host_rows(2, 5, 10, 7, 2, 3, out.ctypes.data)   # slice fwd: y (5, 3, 7) from x (5, 10, 7) at 2
+    lib.host_rows(2, 5, 10, 7, 2, 3, out.ctypes.data)  # slice fwd: y (5, 3, 7) from x (5, 10, 7) at 2
     assert out.tolist() == [5, 21, 14, 70, 0, 21]
 
 
 def test_slice_backward_vector_and_scalar_paths(emu, path_of):
     spec = get_spec("slice")
-    for (outer, size, inner, start, length), vec in [((3, 8, 4, 2, 5), 1), ((3, 8, 1, 2, 5), 0), ((2, 9, 4, 0, 9), 1),
-                                                       ((2, 9, 4, 9, 0), 1), ((1, 5, 3, 1, 3), 0)]:
+    for (outer, size, inner, start, length), vec in [
+        ((3, 8, 4, 2, 5), 1),
+        ((3, 8, 1, 2, 5), 0),
+        ((2, 9, 4, 0, 9), 1),
+        ((2, 9, 4, 9, 0), 1),
+        ((1, 5, 3, 1, 3), 0),
+    ]:
         g = seeded_rng("view", "slice-bwd").standard_normal((outer, length, inner)).astype(np.float32)
-        arrays, p, _ = validate(spec, {"x": np.zeros((outer, size, inner), np.float32)},
-                                {"axis": 1, "start": start, "length": length}, np.float32)
+        arrays, p, _ = validate(
+            spec,
+            {"x": np.zeros((outer, size, inner), np.float32)},
+            {"axis": 1, "start": start, "length": length},
+            np.float32,
+        )
         plan = plans.PLANS["slice"][1](arrays, p)
         assert path_of(plan, plan.launches[0], True) == vec
         want = np.zeros((outer, size, inner), np.float32)
-        want[:, start:start + length] = g
+        want[:, start : start + length] = g
         assert same_bits(emu.run(plan, {"g": g})["dx"], want)
 
 
@@ -391,7 +452,9 @@ def test_plans_are_legal_for_every_sample(op):
 
 
 def test_every_kernel_is_launched():
-    launched = {launch.symbol for op in OPS for case in plan_cases(op) for plan in case.plans for launch in plan.launches}
+    launched = {
+        launch.symbol for op in OPS for case in plan_cases(op) for plan in case.plans for launch in plan.launches
+    }
     assert launched == set(SYMBOLS)
 
 
@@ -411,11 +474,18 @@ def test_planted_launch_faults_are_caught():
     arrays, p, _ = validate(spec, {"x": np.zeros((3, 4, 5), np.float32)}, {"perm": (2, 0, 1)}, np.float32)
     plan = plans.PLANS["permute"][0](arrays, p)
     (launch,) = plan.launches
-    assert missed_faults(plan, symbols("permute"), [
-        ("2048 threads", {"block": (2048, 1, 1)}),
-        ("4 arguments for 5", {"args": launch.args[:4]}),
-        ("writable", {"args": ("out", "x", *launch.args[2:])}),
-        ("geometry needs a buffer", {"args": ("x", "out", 3, *launch.args[3:])}),
-        ("rank = ", {"args": (*launch.args[:3], 2**40, launch.args[4])}),
-        ("meta buffer geometry", dataclasses.replace(plan, host_data={})),
-    ]) == []
+    assert (
+        missed_faults(
+            plan,
+            symbols("permute"),
+            [
+                ("2048 threads", {"block": (2048, 1, 1)}),
+                ("4 arguments for 5", {"args": launch.args[:4]}),
+                ("writable", {"args": ("out", "x", *launch.args[2:])}),
+                ("geometry needs a buffer", {"args": ("x", "out", 3, *launch.args[3:])}),
+                ("rank = ", {"args": (*launch.args[:3], 2**40, launch.args[4])}),
+                ("meta buffer geometry", dataclasses.replace(plan, host_data={})),
+            ],
+        )
+        == []
+    )

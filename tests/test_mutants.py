@@ -21,11 +21,26 @@ MIN_SCORE = 0.95
 TIME_BUDGET_S = 60.0
 
 REQUIRED_KINDS = {
-    "VJP sign", "off by one", "dropped bias", "wrong axis", "transposed weights", "missing 1/n", "tie rule",
-    "RNG stream", "NaN policy", "write out of bounds", "unwritten output", "input overwritten",
-    "zeros for small values", "nondeterminism", "wrong eps", "wrong dtype", "missing guard",
+    "VJP sign",
+    "off by one",
+    "dropped bias",
+    "wrong axis",
+    "transposed weights",
+    "missing 1/n",
+    "tie rule",
+    "RNG stream",
+    "NaN policy",
+    "write out of bounds",
+    "unwritten output",
+    "input overwritten",
+    "zeros for small values",
+    "nondeterminism",
+    "wrong eps",
+    "wrong dtype",
+    "missing guard",
 }
 """The bug classes the mutation suite must cover (the issue's list and the engine's door-closers)."""
+
 
 @pytest.fixture(scope="module")
 def outcomes():
@@ -51,8 +66,11 @@ def test_mutation_score(outcomes):
     killed = sum(o.killed for o in results)
     survivors = [f"{o.mutant.id}: {o.mutant.gap or 'no check failed'}" for o in results if not o.killed]
     assert killed / len(results) >= MIN_SCORE, (
-        f"mutation score {killed}/{len(results)} below {MIN_SCORE:.0%}; survivors:\n" + "\n".join(survivors)
-        + "\n\n" + table(results))
+        f"mutation score {killed}/{len(results)} below {MIN_SCORE:.0%}; survivors:\n"
+        + "\n".join(survivors)
+        + "\n\n"
+        + table(results)
+    )
 
 
 def test_every_survivor_is_a_known_gap(outcomes):
@@ -70,8 +88,10 @@ def test_kills_are_for_the_right_reason(outcomes):
     results, _ = outcomes
     flagged = [o for o in results if o.killed and not o.right_reason]
     assert not flagged, "killed for the wrong reason:\n" + "\n".join(
-        f"{o.mutant.id}: expected {o.mutant.expect}, got " + ", ".join(
-            f"{c}={o.statuses[c]} ({o.reasons[c][:120]})" for c in o.killers) for o in flagged)
+        f"{o.mutant.id}: expected {o.mutant.expect}, got "
+        + ", ".join(f"{c}={o.statuses[c]} ({o.reasons[c][:120]})" for c in o.killers)
+        for o in flagged
+    )
 
 
 def test_suite_runs_in_budget(outcomes):

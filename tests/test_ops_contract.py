@@ -102,7 +102,9 @@ def test_reference_vjp_matches_finite_differences(spec):
 
 @pytest.mark.parametrize("spec", VJP_SPECS, ids=[s.name for s in VJP_SPECS])
 def test_reference_vjp_satisfies_the_adjoint_identity(spec):
-    for sample in spec.samples("small", seeded_rng(spec.name, "small")) + spec.samples("medium", seeded_rng(spec.name, "medium")):
+    for sample in spec.samples("small", seeded_rng(spec.name, "small")) + spec.samples(
+        "medium", seeded_rng(spec.name, "medium")
+    ):
         result = gradcheck.adjoint_identity(spec, sample)
         assert result.passed, f"{spec.name} {sample.case}: worst {result.worst:.3g}: {result.detail}"
 

@@ -45,8 +45,13 @@ def _scipy_conv(x, w, b, stride, padding):
     take = tuple(slice(None, None, s) for s in stride)
     out = []
     for n in range(x.shape[0]):
-        out.append([sum(correlate(xp[n, c], w[o, c].astype(np.float64), mode="valid") for c in range(x.shape[1]))[take]
-                    + b[o] for o in range(w.shape[0])])
+        out.append(
+            [
+                sum(correlate(xp[n, c], w[o, c].astype(np.float64), mode="valid") for c in range(x.shape[1]))[take]
+                + b[o]
+                for o in range(w.shape[0])
+            ]
+        )
     return np.array(out)
 
 
@@ -61,8 +66,10 @@ def _exact_fit(x_shape, w_shape, stride, padding):
     """x_shape trimmed so that the windows end exactly at the padded border, (in + 2p − k) % s = 0:
     the same conv output, and conv_transpose's output then has x's length."""
     rank = len(x_shape) - 2
-    sizes = tuple(n - (n + 2 * p - k) % s for n, k, s, p in
-                  zip(x_shape[2:], w_shape[2:], _tuple(stride, rank), _tuple(padding, rank)))
+    sizes = tuple(
+        n - (n + 2 * p - k) % s
+        for n, k, s, p in zip(x_shape[2:], w_shape[2:], _tuple(stride, rank), _tuple(padding, rank))
+    )
     return x_shape[:2] + sizes
 
 
@@ -91,16 +98,26 @@ def test_conv_x_gradient_starts_with_conv_transpose(x_shape, w_shape, stride, pa
     covered = (slice(None), slice(None)) + tuple(slice(0, n) for n in back.shape[2:])
     np.testing.assert_allclose(dx[covered], back, rtol=1e-12, atol=1e-12)
     reached = (slice(None), slice(None)) + tuple(
-        slice(0, n + p) for n, p in zip(back.shape[2:], _tuple(padding, len(x_shape) - 2)))
+        slice(0, n + p) for n, p in zip(back.shape[2:], _tuple(padding, len(x_shape) - 2))
+    )
     outside = np.ones(dx.shape, bool)
     outside[reached] = False
     assert not dx[outside].any()
 
 
-@pytest.mark.parametrize("size, k, s, p, conv_len, transposed_len", [
-    (5, 3, 1, 0, 3, 7), (5, 3, 2, 1, 3, 9), (7, 2, 3, 0, 2, 20), (2, 3, 1, 0, 0, 4),
-    (1, 3, 1, 1, 1, 1), (4, 4, 1, 0, 1, 7), (1, 2, 1, 1, 2, 0), (0, 3, 1, 0, 0, 2),
-])
+@pytest.mark.parametrize(
+    "size, k, s, p, conv_len, transposed_len",
+    [
+        (5, 3, 1, 0, 3, 7),
+        (5, 3, 2, 1, 3, 9),
+        (7, 2, 3, 0, 2, 20),
+        (2, 3, 1, 0, 0, 4),
+        (1, 3, 1, 1, 1, 1),
+        (4, 4, 1, 0, 1, 7),
+        (1, 2, 1, 1, 2, 0),
+        (0, 3, 1, 0, 0, 2),
+    ],
+)
 def test_output_lengths(size, k, s, p, conv_len, transposed_len):
     x = np.zeros((1, 2, size), np.float32)
     for op, w_shape, expected in (("conv", (3, 2, k), conv_len), ("conv_transpose", (2, 3, k), transposed_len)):
@@ -124,8 +141,9 @@ def _windows_by_loop(x, kernel, stride=None, padding=0, **_):
     rank = x.ndim - 2
     kernel, padding = _tuple(kernel, rank), _tuple(padding, rank)
     stride = kernel if stride is None else _tuple(stride, rank)
-    lengths = [(n + 2 * p - k) // s + 1 if n + 2 * p >= k else 0
-               for n, k, s, p in zip(x.shape[2:], kernel, stride, padding)]
+    lengths = [
+        (n + 2 * p - k) // s + 1 if n + 2 * p >= k else 0 for n, k, s, p in zip(x.shape[2:], kernel, stride, padding)
+    ]
     out = {}
     for n, c in itertools.product(range(x.shape[0]), range(x.shape[1])):
         for pos in itertools.product(*(range(m) for m in lengths)):
@@ -271,9 +289,18 @@ def _mistakes():
     yield "smooth_max_pool", {"x": x}, smooth, corrected
 
 
-@pytest.mark.parametrize("op, inputs, params, wrong", list(_mistakes()),
-                         ids=["conv-flipped-kernel", "conv-dropped-bias", "conv-padding-off-by-one",
-                              "max_pool-padding-wins", "avg_pool-count-exclude-pad", "smooth_max_pool-size-correction"])
+@pytest.mark.parametrize(
+    "op, inputs, params, wrong",
+    list(_mistakes()),
+    ids=[
+        "conv-flipped-kernel",
+        "conv-dropped-bias",
+        "conv-padding-off-by-one",
+        "max_pool-padding-wins",
+        "avg_pool-count-exclude-pad",
+        "smooth_max_pool-size-correction",
+    ],
+)
 def test_plausible_mistakes_are_outside_the_error_model(op, inputs, params, wrong):
     assert _within_model(op, inputs, NUMPY_F32.forward(op, inputs, **params), **params)
     assert not _within_model(op, inputs, wrong, **params)

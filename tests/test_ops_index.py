@@ -13,8 +13,11 @@ from capsule_core.ops.base import seeded_rng
 
 def _cases(op: str):
     spec = get_spec(op)
-    return [*spec.samples("small", seeded_rng(op, "small")), *spec.samples("medium", seeded_rng(op, "medium")),
-            *spec.edges()]
+    return [
+        *spec.samples("small", seeded_rng(op, "small")),
+        *spec.samples("medium", seeded_rng(op, "medium")),
+        *spec.edges(),
+    ]
 
 
 def _one_hot_scatter(index, src, size: int, axis: int) -> np.ndarray:
@@ -119,23 +122,68 @@ X = np.zeros((4, 5), np.float32)
 SRC = np.zeros((4, 2), np.float32)
 
 
-@pytest.mark.parametrize("op, inputs, params, error, message", [
-    ("gather", {"x": X, "index": np.array([0, 4, 5, 9])}, {"axis": 1}, IndexRangeError,
-     "gather: index: entries must be in [0, 5) (the size of axis 1 of x), got index[2] = 5"),
-    ("gather", {"x": X, "index": np.array([3, -1])}, {"axis": 0}, IndexRangeError,
-     "gather: index: entries must be in [0, 4) (the size of axis 0 of x), got index[1] = -1"),
-    ("gather", {"x": X, "index": np.zeros((2, 1), np.int64)}, {"axis": 0}, ShapeError, "gather: index: must have rank 1"),
-    ("gather", {"x": X, "index": np.float32([1.0])}, {"axis": 0}, ShapeError, "gather: index: must be an integer array"),
-    ("gather", {"x": X, "index": np.array([0])}, {"axis": 2}, ParamError, "gather: axis: must be in [-2, 2)"),
-    ("scatter_add", {"base": X, "index": np.array([0, 5]), "src": SRC}, {"axis": 1}, IndexRangeError,
-     "scatter_add: index: entries must be in [0, 5) (the size of axis 1 of base), got index[1] = 5"),
-    ("scatter_add", {"base": X, "index": np.array([-2, 0]), "src": SRC}, {"axis": -1}, IndexRangeError,
-     "scatter_add: index: entries must be in [0, 5) (the size of axis 1 of base), got index[0] = -2"),
-    ("scatter_add", {"base": X, "index": np.array([0, 1]), "src": np.zeros((2, 5), np.float32)}, {"axis": 1},
-     ShapeError, "scatter_add: src: must have the shape of base (4, 5) with axis 1 replaced by len(index): (4, 2), got (2, 5)"),
-    ("scatter_add", {"base": X, "index": np.array([[0, 1]]), "src": SRC}, {"axis": 1}, ShapeError,
-     "scatter_add: index: must have rank 1"),
-])
+@pytest.mark.parametrize(
+    "op, inputs, params, error, message",
+    [
+        (
+            "gather",
+            {"x": X, "index": np.array([0, 4, 5, 9])},
+            {"axis": 1},
+            IndexRangeError,
+            "gather: index: entries must be in [0, 5) (the size of axis 1 of x), got index[2] = 5",
+        ),
+        (
+            "gather",
+            {"x": X, "index": np.array([3, -1])},
+            {"axis": 0},
+            IndexRangeError,
+            "gather: index: entries must be in [0, 4) (the size of axis 0 of x), got index[1] = -1",
+        ),
+        (
+            "gather",
+            {"x": X, "index": np.zeros((2, 1), np.int64)},
+            {"axis": 0},
+            ShapeError,
+            "gather: index: must have rank 1",
+        ),
+        (
+            "gather",
+            {"x": X, "index": np.float32([1.0])},
+            {"axis": 0},
+            ShapeError,
+            "gather: index: must be an integer array",
+        ),
+        ("gather", {"x": X, "index": np.array([0])}, {"axis": 2}, ParamError, "gather: axis: must be in [-2, 2)"),
+        (
+            "scatter_add",
+            {"base": X, "index": np.array([0, 5]), "src": SRC},
+            {"axis": 1},
+            IndexRangeError,
+            "scatter_add: index: entries must be in [0, 5) (the size of axis 1 of base), got index[1] = 5",
+        ),
+        (
+            "scatter_add",
+            {"base": X, "index": np.array([-2, 0]), "src": SRC},
+            {"axis": -1},
+            IndexRangeError,
+            "scatter_add: index: entries must be in [0, 5) (the size of axis 1 of base), got index[0] = -2",
+        ),
+        (
+            "scatter_add",
+            {"base": X, "index": np.array([0, 1]), "src": np.zeros((2, 5), np.float32)},
+            {"axis": 1},
+            ShapeError,
+            "scatter_add: src: must have the shape of base (4, 5) with axis 1 replaced by len(index): (4, 2), got (2, 5)",
+        ),
+        (
+            "scatter_add",
+            {"base": X, "index": np.array([[0, 1]]), "src": SRC},
+            {"axis": 1},
+            ShapeError,
+            "scatter_add: index: must have rank 1",
+        ),
+    ],
+)
 def test_error_messages_name_argument_and_rule(op, inputs, params, error, message):
     with pytest.raises(error) as info:
         reference.forward(op, inputs, **params)

@@ -15,8 +15,9 @@ def _normal(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("a_shape, b_shape", [((3, 4), (4, 5)), ((3, 5, 7), (3, 7, 2)),
-                                              ((2, 3, 4, 5), (2, 3, 5, 2)), ((33, 65), (65, 17))])
+@pytest.mark.parametrize(
+    "a_shape, b_shape", [((3, 4), (4, 5)), ((3, 5, 7), (3, 7, 2)), ((2, 3, 4, 5), (2, 3, 5, 2)), ((33, 65), (65, 17))]
+)
 def test_matmul_matches_einsum(a_shape, b_shape):
     a, b = _normal(*a_shape), _normal(*b_shape)
     expected = np.einsum("...mk,...kn->...mn", a.astype(np.float64), b.astype(np.float64))
@@ -33,8 +34,10 @@ def test_matmul_vjp_matches_einsum():
     np.testing.assert_allclose(grads["b"], np.einsum("bmk,bmn->bkn", a.astype(np.float64), g), rtol=1e-12)
 
 
-@pytest.mark.parametrize("a_shape, b_shape, y_shape", [((3, 0), (0, 4), (3, 4)), ((0, 5), (5, 4), (0, 4)),
-                                                       ((3, 5), (5, 0), (3, 0)), ((0, 3, 4), (0, 4, 2), (0, 3, 2))])
+@pytest.mark.parametrize(
+    "a_shape, b_shape, y_shape",
+    [((3, 0), (0, 4), (3, 4)), ((0, 5), (5, 4), (0, 4)), ((3, 5), (5, 0), (3, 0)), ((0, 3, 4), (0, 4, 2), (0, 3, 2))],
+)
 def test_matmul_empty_cases(a_shape, b_shape, y_shape):
     y = reference.forward("matmul", {"a": np.zeros(a_shape, np.float32), "b": np.zeros(b_shape, np.float32)})
     assert y.shape == y_shape and not y.any()

@@ -16,8 +16,10 @@ EPS32 = float(np.float32(1e-6))
 
 
 def _affine(rng, channels):
-    return (rng.standard_normal(channels).astype(np.float32) + 1.0,
-            (0.5 * rng.standard_normal(channels)).astype(np.float32))
+    return (
+        rng.standard_normal(channels).astype(np.float32) + 1.0,
+        (0.5 * rng.standard_normal(channels)).astype(np.float32),
+    )
 
 
 def _layer_norm_inputs(seed, shape, offset=0.0, scale=3.0):
@@ -156,8 +158,9 @@ def test_batch_norm_is_layer_norm_of_the_channel_rows(shape):
     grads = reference.vjp("batch_norm", a, g)
     ghat_rows = np.moveaxis(g * a["gamma"].reshape(along), 1, 0).reshape(channels, -1)
     dx_rows = reference.vjp("layer_norm", plain, ghat_rows)["x"]
-    np.testing.assert_allclose(grads["x"], np.moveaxis(dx_rows.reshape((channels, shape[0]) + shape[2:]), 0, 1),
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        grads["x"], np.moveaxis(dx_rows.reshape((channels, shape[0]) + shape[2:]), 0, 1), rtol=1e-10, atol=1e-12
+    )
     axes = (0, *range(2, len(shape)))
     np.testing.assert_allclose(grads["gamma"], (g * xhat).sum(axes), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads["beta"], g.sum(axes), rtol=1e-12, atol=1e-12)

@@ -13,8 +13,28 @@ from capsule_core.ops.pointwise import SPECS
 
 scipy_special = pytest.importorskip("scipy.special")
 
-ORDER = ("relu", "gelu", "add", "sub", "mul", "scale", "abs", "sqrt", "clamp", "max", "min", "sigmoid",
-         "tanh", "softplus", "exp", "sin", "cos", "log", "inv", "safe_log")
+ORDER = (
+    "relu",
+    "gelu",
+    "add",
+    "sub",
+    "mul",
+    "scale",
+    "abs",
+    "sqrt",
+    "clamp",
+    "max",
+    "min",
+    "sigmoid",
+    "tanh",
+    "softplus",
+    "exp",
+    "sin",
+    "cos",
+    "log",
+    "inv",
+    "safe_log",
+)
 
 X = np.float32(np.concatenate([np.linspace(-30, 30, 1201), [-1e-3, 1e-3, 1e-20, -1e-20]]))
 """A dense float32 grid through the interesting range of the smooth ops."""
@@ -45,11 +65,18 @@ def test_specs_hold_the_twenty_ops_in_order():
 # -- independent implementations ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op, independent", [
-    ("sigmoid", scipy_special.expit), ("tanh", np.tanh), ("exp", np.exp), ("sin", np.sin),
-    ("cos", np.cos), ("softplus", lambda x: np.logaddexp(0.0, x)),
-    ("gelu", lambda x: x * scipy_special.expit(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
-])
+@pytest.mark.parametrize(
+    "op, independent",
+    [
+        ("sigmoid", scipy_special.expit),
+        ("tanh", np.tanh),
+        ("exp", np.exp),
+        ("sin", np.sin),
+        ("cos", np.cos),
+        ("softplus", lambda x: np.logaddexp(0.0, x)),
+        ("gelu", lambda x: x * scipy_special.expit(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    ],
+)
 def test_smooth_forward_matches_an_independent_implementation(op, independent):
     """Relative 1e-13, or absolute 1e-14 where the formula cancels in float64 (gelu's far left
     tail): both far below any float32 bound."""
@@ -75,14 +102,19 @@ def test_safe_log_of_zero_and_its_definition():
     assert fwd("safe_log", x=[-1e4], eps=0.5)[0] == pytest.approx(np.log(0.5), rel=1e-12)
 
 
-@pytest.mark.parametrize("op, analytic", [
-    ("gelu", lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))),
-    ("sigmoid", lambda z: 1 / (1 + np.exp(-z))),
-    ("tanh", np.tanh),
-    ("softplus", lambda z: np.log(1 + np.exp(z))),
-    ("safe_log", lambda z: np.log(np.log(1 + np.exp(z)) + float(np.float32(1e-6)))),
-    ("sin", np.sin), ("cos", np.cos), ("exp", np.exp),
-])
+@pytest.mark.parametrize(
+    "op, analytic",
+    [
+        ("gelu", lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))),
+        ("sigmoid", lambda z: 1 / (1 + np.exp(-z))),
+        ("tanh", np.tanh),
+        ("softplus", lambda z: np.log(1 + np.exp(z))),
+        ("safe_log", lambda z: np.log(np.log(1 + np.exp(z)) + float(np.float32(1e-6)))),
+        ("sin", np.sin),
+        ("cos", np.cos),
+        ("exp", np.exp),
+    ],
+)
 def test_smooth_vjp_matches_the_complex_step_derivative(op, analytic):
     """f'(x) = Im f(x + ih)/h to machine precision: an independent derivative, no differencing
     (absolute 1e-14 where the reference's 1 - t² cancels in float64, times gelu's x·P)."""
@@ -276,8 +308,9 @@ PLANTED = [
 ]
 
 
-@pytest.mark.parametrize("op, kind, fn", PLANTED,
-                         ids=[f"{op}-{kind or 'forward'}-{i}" for i, (op, kind, _) in enumerate(PLANTED)])
+@pytest.mark.parametrize(
+    "op, kind, fn", PLANTED, ids=[f"{op}-{kind or 'forward'}-{i}" for i, (op, kind, _) in enumerate(PLANTED)]
+)
 def test_planted_bugs_exceed_the_model(op, kind, fn):
     x = X
     g = np.float32(np.random.default_rng(2).standard_normal(x.shape))

@@ -13,8 +13,13 @@ from capsule_core.ops.random import GOLDEN_GAMMA, mix, splitmix64_stream, unifor
 
 stats = pytest.importorskip("scipy.stats")
 
-PUBLISHED_1234567 = [6457827717110365317, 3203168211198807973, 9817491932198370423,
-                     4593380528125082431, 16408922859458223821]
+PUBLISHED_1234567 = [
+    6457827717110365317,
+    3203168211198807973,
+    9817491932198370423,
+    4593380528125082431,
+    16408922859458223821,
+]
 """The first five outputs of the standard SplitMix64 generator seeded with 1234567."""
 
 
@@ -25,7 +30,7 @@ def test_mix_reproduces_the_published_splitmix64_sequence():
 
 
 def test_vectorised_mix_equals_the_integer_mix():
-    states = (1234567 + np.arange(5, dtype=np.uint64) * np.uint64(GOLDEN_GAMMA))
+    states = 1234567 + np.arange(5, dtype=np.uint64) * np.uint64(GOLDEN_GAMMA)
     assert mix(states).tolist() == PUBLISHED_1234567
 
 

@@ -27,9 +27,9 @@ def _unrolled(x, a, b, h0):
     a, b = np.broadcast_to(a, x.shape), np.broadcast_to(b, x.shape)
     y = np.zeros(x.shape)
     for t in range(steps):
-        y[:, t] = np.prod(a[:, :t + 1], axis=1) * h0
+        y[:, t] = np.prod(a[:, : t + 1], axis=1) * h0
         for s in range(t + 1):
-            y[:, t] += np.prod(a[:, s + 1:t + 1], axis=1) * b[:, s] * x[:, s]
+            y[:, t] += np.prod(a[:, s + 1 : t + 1], axis=1) * b[:, s] * x[:, s]
     return y
 
 
@@ -52,7 +52,12 @@ def test_token_form_of_shared_coefficients_gives_the_same_gradients():
     """Shared coefficients sum their per-token cotangents over time and batch."""
     x = np.concatenate([X, 2 * X])
     h0 = np.concatenate([H0, -H0])
-    token = {"x": x, "a": np.broadcast_to(A_SHARED, x.shape).copy(), "b": np.broadcast_to(B_SHARED, x.shape).copy(), "h0": h0}
+    token = {
+        "x": x,
+        "a": np.broadcast_to(A_SHARED, x.shape).copy(),
+        "b": np.broadcast_to(B_SHARED, x.shape).copy(),
+        "h0": h0,
+    }
     shared = {"x": x, "a": A_SHARED, "b": B_SHARED, "h0": h0}
     g = np.random.default_rng(0).standard_normal(x.shape)
     from_token = reference.vjp("selective_scan", token, g)
@@ -74,7 +79,9 @@ def test_shared_form_matches_scipy_lfilter():
         np.testing.assert_allclose(y[:, :, d], expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("a_form, b_form", [("shared", "shared"), ("token", "token"), ("shared", "token"), ("token", "shared")])
+@pytest.mark.parametrize(
+    "a_form, b_form", [("shared", "shared"), ("token", "token"), ("shared", "token"), ("token", "shared")]
+)
 def test_every_form_matches_the_unrolled_sum(a_form, b_form):
     rng = np.random.default_rng(2)
     x, h0 = rng.standard_normal((2, 7, 3)), rng.standard_normal((2, 3))
@@ -103,8 +110,12 @@ def test_unit_decay_is_a_running_sum():
 
 def test_zero_decay_forgets_the_state():
     rng = np.random.default_rng(4)
-    inputs = {"x": rng.standard_normal((2, 5, 3)), "a": np.zeros((2, 5, 3)), "b": rng.uniform(-1, 1, 3),
-              "h0": rng.standard_normal((2, 3))}
+    inputs = {
+        "x": rng.standard_normal((2, 5, 3)),
+        "a": np.zeros((2, 5, 3)),
+        "b": rng.uniform(-1, 1, 3),
+        "h0": rng.standard_normal((2, 3)),
+    }
     y = _scan(**inputs)
     np.testing.assert_array_equal(y, inputs["b"] * inputs["x"])
     assert not reference.vjp("selective_scan", inputs, np.ones_like(y))["h0"].any()

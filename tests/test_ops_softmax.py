@@ -22,9 +22,12 @@ def _logits(shape, scale=3.0):
 def test_softmax_and_log_softmax_match_scipy(shape):
     x = _logits(shape)
     x64 = x.astype(np.float64)
-    np.testing.assert_allclose(reference.forward("softmax", {"x": x}), special.softmax(x64, axis=-1), rtol=1e-12, atol=1e-300)
-    np.testing.assert_allclose(reference.forward("log_softmax", {"x": x}), special.log_softmax(x64, axis=-1),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        reference.forward("softmax", {"x": x}), special.softmax(x64, axis=-1), rtol=1e-12, atol=1e-300
+    )
+    np.testing.assert_allclose(
+        reference.forward("log_softmax", {"x": x}), special.log_softmax(x64, axis=-1), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_huge_logits_are_stable():
@@ -136,4 +139,6 @@ def test_empty_rows_are_refused_naming_x(op):
 
 def test_mask_of_another_shape_is_refused_naming_mask():
     with pytest.raises(ShapeError, match=r"^hard_masked_softmax: mask: must have the shape of x"):
-        reference.forward("hard_masked_softmax", {"x": np.zeros((2, 3), np.float32), "mask": np.ones((2, 4), np.float32)})
+        reference.forward(
+            "hard_masked_softmax", {"x": np.zeros((2, 3), np.float32), "mask": np.ones((2, 4), np.float32)}
+        )

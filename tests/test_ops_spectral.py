@@ -14,20 +14,22 @@ from capsule_core.ops.spectral import rfft_modes
 SHAPES = [
     # (B, G, Ci, Co, M)
     (2, 8, 3, 2, 3),
-    (2, 8, 3, 2, 5),    # even G, every mode: Nyquist kept
-    (1, 7, 2, 3, 4),    # odd G, every mode
-    (2, 1, 2, 3, 1),    # G = 1
-    (2, 9, 3, 2, 1),    # one mode
-    (1, 12, 5, 1, 4),   # B = 1, Ci != Co
+    (2, 8, 3, 2, 5),  # even G, every mode: Nyquist kept
+    (1, 7, 2, 3, 4),  # odd G, every mode
+    (2, 1, 2, 3, 1),  # G = 1
+    (2, 9, 3, 2, 1),  # one mode
+    (1, 12, 5, 1, 4),  # B = 1, Ci != Co
 ]
 
 
 def _inputs(shape, seed=0):
     batch, grid, c_in, c_out, modes = shape
     rng = np.random.default_rng(seed)
-    return {"x": rng.standard_normal((batch, grid, c_in)),
-            "w_re": rng.standard_normal((modes, c_in, c_out)),
-            "w_im": rng.standard_normal((modes, c_in, c_out))}
+    return {
+        "x": rng.standard_normal((batch, grid, c_in)),
+        "w_re": rng.standard_normal((modes, c_in, c_out)),
+        "w_im": rng.standard_normal((modes, c_in, c_out)),
+    }
 
 
 def _numpy_fft_fno(x, w_re, w_im):
@@ -42,6 +44,7 @@ def _numpy_fft_fno(x, w_re, w_im):
 def _jacobian(inputs, name):
     """d y / d inputs[name] as a (y.size, inputs[name].size) matrix, column by column through
     numpy.fft (y is affine in each input with the others fixed: f(e_i) − f(0))."""
+
     def f(value):
         return _numpy_fft_fno(**{**inputs, name: value.reshape(inputs[name].shape)}).ravel()
 
@@ -123,6 +126,7 @@ def test_mode_count_limit_is_g_over_two_plus_one(grid, modes, ok):
 
 def test_numpy_provider_returns_float32():
     from capsule_core.cpu_providers import NUMPY_F32
+
     inputs = {k: v.astype(np.float32) for k, v in _inputs(SHAPES[2]).items()}
     y = NUMPY_F32.forward("fft_fno", inputs)
     assert y.dtype == np.float32

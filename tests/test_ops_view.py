@@ -12,8 +12,9 @@ from capsule_core.ops.base import seeded_rng
 
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")
 
-PAYLOADS = np.array([0x7FC00001, 0xFFC12345, 0x7FBFFFFF, 0x80000000, 0x00000001, 0x7F800000, 0x3F800000],
-                    dtype=np.uint32).view(np.float32)
+PAYLOADS = np.array(
+    [0x7FC00001, 0xFFC12345, 0x7FBFFFFF, 0x80000000, 0x00000001, 0x7F800000, 0x3F800000], dtype=np.uint32
+).view(np.float32)
 """Quiet and signalling NaNs with payloads, −0, the smallest subnormal, +inf, 1."""
 
 
@@ -35,8 +36,11 @@ def _independent(op: str, inputs: dict, params: dict):
 
 def _cases(op: str):
     spec = get_spec(op)
-    return [*spec.samples("small", seeded_rng(op, "small")), *spec.samples("medium", seeded_rng(op, "medium")),
-            *spec.edges()]
+    return [
+        *spec.samples("small", seeded_rng(op, "small")),
+        *spec.samples("medium", seeded_rng(op, "medium")),
+        *spec.edges(),
+    ]
 
 
 def _bits(a) -> np.ndarray:
@@ -84,13 +88,16 @@ def test_vjp_is_the_transposed_jacobian(op):
             np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14, err_msg=sample.summary())
 
 
-@pytest.mark.parametrize("op, inputs, params", [
-    ("reshape", {"x": PAYLOADS}, {"shape": (7, 1)}),
-    ("permute", {"x": PAYLOADS.reshape(7, 1)}, {"perm": (1, 0)}),
-    ("broadcast", {"x": PAYLOADS}, {"shape": (3, 7)}),
-    ("concat", {"xs": (PAYLOADS, PAYLOADS[::-1].copy())}, {"axis": 0}),
-    ("slice", {"x": PAYLOADS}, {"axis": 0, "start": 0, "length": 7}),
-])
+@pytest.mark.parametrize(
+    "op, inputs, params",
+    [
+        ("reshape", {"x": PAYLOADS}, {"shape": (7, 1)}),
+        ("permute", {"x": PAYLOADS.reshape(7, 1)}, {"perm": (1, 0)}),
+        ("broadcast", {"x": PAYLOADS}, {"shape": (3, 7)}),
+        ("concat", {"xs": (PAYLOADS, PAYLOADS[::-1].copy())}, {"axis": 0}),
+        ("slice", {"x": PAYLOADS}, {"axis": 0, "start": 0, "length": 7}),
+    ],
+)
 def test_views_copy_bits_nan_payloads_and_negative_zero_included(op, inputs, params):
     y = NUMPY_F32.forward(op, inputs, **params)
     assert np.array_equal(_bits(y), _bits(_independent(op, inputs, params)))
@@ -177,25 +184,69 @@ def test_rank0_through_the_provider():
     assert reference.vjp("reshape", {"x": np.float32(2.0)}, np.float32([[3.0]]), shape=(1, 1))["x"].shape == ()
 
 
-@pytest.mark.parametrize("op, inputs, params, error, message", [
-    ("reshape", {"x": np.zeros((3, 4))}, {"shape": (5, 2)}, ParamError,
-     "reshape: shape: must hold the 12 elements of x (3, 4), got (5, 2) (10 elements)"),
-    ("reshape", {"x": np.zeros((3, 4))}, {"shape": (-1, -1)}, ParamError, "reshape: shape: at most one -1 is allowed"),
-    ("permute", {"x": np.zeros((2, 3, 4))}, {"perm": (0, 2, 2)}, ParamError,
-     "permute: perm: must be a permutation of range(3)"),
-    ("permute", {"x": np.zeros((2, 3))}, {"perm": (0, 1, 2)}, ParamError,
-     "permute: perm: must have one entry per axis of x (rank 2)"),
-    ("broadcast", {"x": np.zeros((3, 4))}, {"shape": (3, 5)}, ShapeError,
-     "broadcast: shape: axis 1 of size 5 cannot take axis 1 of x (3, 4)"),
-    ("broadcast", {"x": np.zeros((3, 4))}, {"shape": (4,)}, ParamError, "broadcast: shape: must have rank >="),
-    ("concat", {"xs": (np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((3, 4)))}, {"axis": 1}, ShapeError,
-     "concat: xs[2]: must match xs[0] (2, 3) on every axis but 1, got shape (3, 4)"),
-    ("concat", {"xs": []}, {"axis": 0}, ShapeError, "concat: xs: must be a non-empty list"),
-    ("slice", {"x": np.zeros((4, 6))}, {"axis": 1, "start": 4, "length": 3}, ParamError,
-     "slice: length: start + length must be <= 6 (the size of axis 1 of x), got 4 + 3"),
-    ("slice", {"x": np.zeros((4, 6))}, {"axis": -3, "start": 0, "length": 1}, ParamError,
-     "slice: axis: must be in [-2, 2) for rank 2, got -3"),
-])
+@pytest.mark.parametrize(
+    "op, inputs, params, error, message",
+    [
+        (
+            "reshape",
+            {"x": np.zeros((3, 4))},
+            {"shape": (5, 2)},
+            ParamError,
+            "reshape: shape: must hold the 12 elements of x (3, 4), got (5, 2) (10 elements)",
+        ),
+        (
+            "reshape",
+            {"x": np.zeros((3, 4))},
+            {"shape": (-1, -1)},
+            ParamError,
+            "reshape: shape: at most one -1 is allowed",
+        ),
+        (
+            "permute",
+            {"x": np.zeros((2, 3, 4))},
+            {"perm": (0, 2, 2)},
+            ParamError,
+            "permute: perm: must be a permutation of range(3)",
+        ),
+        (
+            "permute",
+            {"x": np.zeros((2, 3))},
+            {"perm": (0, 1, 2)},
+            ParamError,
+            "permute: perm: must have one entry per axis of x (rank 2)",
+        ),
+        (
+            "broadcast",
+            {"x": np.zeros((3, 4))},
+            {"shape": (3, 5)},
+            ShapeError,
+            "broadcast: shape: axis 1 of size 5 cannot take axis 1 of x (3, 4)",
+        ),
+        ("broadcast", {"x": np.zeros((3, 4))}, {"shape": (4,)}, ParamError, "broadcast: shape: must have rank >="),
+        (
+            "concat",
+            {"xs": (np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((3, 4)))},
+            {"axis": 1},
+            ShapeError,
+            "concat: xs[2]: must match xs[0] (2, 3) on every axis but 1, got shape (3, 4)",
+        ),
+        ("concat", {"xs": []}, {"axis": 0}, ShapeError, "concat: xs: must be a non-empty list"),
+        (
+            "slice",
+            {"x": np.zeros((4, 6))},
+            {"axis": 1, "start": 4, "length": 3},
+            ParamError,
+            "slice: length: start + length must be <= 6 (the size of axis 1 of x), got 4 + 3",
+        ),
+        (
+            "slice",
+            {"x": np.zeros((4, 6))},
+            {"axis": -3, "start": 0, "length": 1},
+            ParamError,
+            "slice: axis: must be in [-2, 2) for rank 2, got -3",
+        ),
+    ],
+)
 def test_error_messages_name_argument_and_rule(op, inputs, params, error, message):
     with pytest.raises(error) as info:
         reference.forward(op, inputs, **params)

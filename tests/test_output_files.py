@@ -19,8 +19,10 @@ runner = CliRunner()
 @pytest.fixture
 def no_work(monkeypatch):
     """Fails the test if any command starts its run."""
+
     def started(*args, **kwargs):
         raise AssertionError("the run started before the output path was refused")
+
     for module, name in ((verify_engine, "verify_capsule"), (fuzz, "fuzz"), (bench, "run")):
         monkeypatch.setattr(module, name, started)
 
@@ -36,13 +38,16 @@ def unwritable_cases(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing folder", "a directory", "under a file"])
-@pytest.mark.parametrize("command, option", [
-    (("verify", "relu", "--backend", "numpy"), "--json"),
-    (("verify", "relu", "--backend", "numpy"), "--junit"),
-    (("bench", "relu", "--backend", "numpy"), "--json"),
-    (("bench", "relu", "--backend", "numpy"), "--csv"),
-    (("bench", "relu", "--backend", "numpy"), "--plot"),
-])
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        (("verify", "relu", "--backend", "numpy"), "--json"),
+        (("verify", "relu", "--backend", "numpy"), "--junit"),
+        (("bench", "relu", "--backend", "numpy"), "--json"),
+        (("bench", "relu", "--backend", "numpy"), "--csv"),
+        (("bench", "relu", "--backend", "numpy"), "--plot"),
+    ],
+)
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path, no_work, command, option, case):
     path, reason = unwritable_cases(tmp_path)[case]
     result = runner.invoke(app, [*command, option, str(path)])
@@ -73,17 +78,23 @@ def test_fuzz_checks_its_default_save_folder_too(tmp_path, no_work, monkeypatch)
 
 def test_no_permission_is_named(tmp_path, no_work, monkeypatch):
     """Root ignores file modes, so the refusal of the file system is simulated."""
+
     def refused(**kwargs):
         raise PermissionError(13, "Permission denied")
+
     monkeypatch.setattr(output_files, "tempfile", types.SimpleNamespace(mkstemp=refused))
     result = runner.invoke(app, ["verify", "relu", "--backend", "numpy", "--junit", str(tmp_path / "r.xml")])
     assert result.exit_code == 2
-    assert f"--junit: cannot write {tmp_path / 'r.xml'}: cannot create a file in {tmp_path}: Permission denied" in result.stderr
+    assert (
+        f"--junit: cannot write {tmp_path / 'r.xml'}: cannot create a file in {tmp_path}: Permission denied"
+        in result.stderr
+    )
 
 
 def test_the_json_report_records_the_process_exit_code_after_ctrl_c(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(verify_engine, "verify_capsule", interrupted)
     report = tmp_path / "partial.json"
     result = runner.invoke(app, ["verify", "relu", "--backend", "numpy", "--json", str(report)])
@@ -91,8 +102,22 @@ def test_the_json_report_records_the_process_exit_code_after_ctrl_c(tmp_path, mo
 
 
 def test_reports_are_written_and_leave_no_temporary_files(tmp_path):
-    result = runner.invoke(app, ["verify", "relu", "--backend", "numpy", "--quick", "--check", "value",
-                                 "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")])
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            "relu",
+            "--backend",
+            "numpy",
+            "--quick",
+            "--check",
+            "value",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--junit",
+            str(tmp_path / "r.xml"),
+        ],
+    )
     assert result.exit_code == 0
     assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.xml"]

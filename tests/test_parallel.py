@@ -79,10 +79,21 @@ def hooked_cli(tmp_path, hook: str, *args, **popen) -> subprocess.Popen:
     (hooks / "sitecustomize.py").write_text(HOOK)
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
-           "CAPSULES_TEST_HOOK": f"{hook}:{marks}", "CAPSULES_PROGRESS": "0"}
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(hooks), str(ROOT)]),
+        "CAPSULES_TEST_HOOK": f"{hook}:{marks}",
+        "CAPSULES_PROGRESS": "0",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 # -- the report is the serial one -------------------------------------------------------------
@@ -99,13 +110,37 @@ def test_verify_on_two_workers_gives_the_serial_report_on_emu(tmp_path):
 def test_fuzz_on_two_workers_gives_the_serial_results(tmp_path):
     """Both runs as processes of the command: Hypothesis also draws constants from the local
     modules a process has loaded, and pytest's process holds every test module."""
+
     def rows(jobs: list[str]) -> list[list[str]]:  # the table without its seconds column
         env = {**os.environ, "CAPSULES_CACHE": str(tmp_path / f"cache{len(jobs)}")}  # empty example databases
-        done = subprocess.run([sys.executable, "-m", "cli", "fuzz", "relu", "softmax", "gather", "--backend", "numpy",
-                               "--examples", "15", "--seed", "3", *jobs], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "fuzz",
+                "relu",
+                "softmax",
+                "gather",
+                "--backend",
+                "numpy",
+                "--examples",
+                "15",
+                "--seed",
+                "3",
+                *jobs,
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
-        return [line.split()[:-2] for line in done.stdout.splitlines() if line.startswith(("relu", "softmax", "gather"))]
+        return [
+            line.split()[:-2] for line in done.stdout.splitlines() if line.startswith(("relu", "softmax", "gather"))
+        ]
+
     serial = rows([])
     assert rows(["--jobs", "2"]) == serial and len(serial) == 3
 
@@ -115,27 +150,61 @@ def test_fuzz_on_two_workers_gives_the_serial_results(tmp_path):
 
 def test_a_killed_worker_is_an_error_of_its_capsule_only(tmp_path):
     report = tmp_path / "report.json"
-    proc = hooked_cli(tmp_path, "kill:native_cuda.exp", "verify", "relu", "exp", "softmax", "gather",
-                      "--backend", "numpy", "--quick", "--jobs", "2", "--json", str(report))
+    proc = hooked_cli(
+        tmp_path,
+        "kill:native_cuda.exp",
+        "verify",
+        "relu",
+        "exp",
+        "softmax",
+        "gather",
+        "--backend",
+        "numpy",
+        "--quick",
+        "--jobs",
+        "2",
+        "--json",
+        str(report),
+    )
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr
     capsules = json.loads(report.read_text())["capsules"]
     assert [c["name"] for c in capsules] == [f"native_cuda.{n}" for n in ("relu", "exp", "softmax", "gather")]
     assert {c["name"]: c["status"] for c in capsules} == {
-        "native_cuda.relu": "PASSED", "native_cuda.exp": "ERROR", "native_cuda.softmax": "PASSED",
-        "native_cuda.gather": "PASSED"}
+        "native_cuda.relu": "PASSED",
+        "native_cuda.exp": "ERROR",
+        "native_cuda.softmax": "PASSED",
+        "native_cuda.gather": "PASSED",
+    }
     killed = capsules[1]["checks"]
     assert len(killed) == 14 and all(c["status"] == "ERROR" and "killed by SIGKILL" in c["reason"] for c in killed)
     assert "Traceback" not in stderr
 
 
 def test_a_killed_fuzz_worker_is_an_error_of_its_capsule_only(tmp_path):
-    proc = hooked_cli(tmp_path, "kill:native_cuda.exp", "fuzz", "relu", "exp", "softmax", "--backend", "numpy",
-                      "--examples", "5", "--seed", "1", "--jobs", "2", "--save", str(tmp_path / "failures"))
+    proc = hooked_cli(
+        tmp_path,
+        "kill:native_cuda.exp",
+        "fuzz",
+        "relu",
+        "exp",
+        "softmax",
+        "--backend",
+        "numpy",
+        "--examples",
+        "5",
+        "--seed",
+        "1",
+        "--jobs",
+        "2",
+        "--save",
+        str(tmp_path / "failures"),
+    )
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr
-    statuses = {line.split()[0]: line.split()[1] for line in stdout.splitlines()
-                if line.startswith(("relu", "exp", "softmax"))}
+    statuses = {
+        line.split()[0]: line.split()[1] for line in stdout.splitlines() if line.startswith(("relu", "exp", "softmax"))
+    }
     assert statuses == {"relu": "PASSED", "exp": "ERROR", "softmax": "PASSED"}
     assert "killed by SIGKILL" in stdout
 
@@ -149,8 +218,22 @@ def _interruptible() -> None:
 
 def test_ctrl_c_writes_the_partial_report_and_ends_the_workers(tmp_path):
     report = tmp_path / "report.json"
-    proc = hooked_cli(tmp_path, "hang:native_cuda.exp", "verify", "relu", "exp", "--backend", "numpy", "--quick",
-                      "--jobs", "2", "--json", str(report), start_new_session=True, preexec_fn=_interruptible)
+    proc = hooked_cli(
+        tmp_path,
+        "hang:native_cuda.exp",
+        "verify",
+        "relu",
+        "exp",
+        "--backend",
+        "numpy",
+        "--quick",
+        "--jobs",
+        "2",
+        "--json",
+        str(report),
+        start_new_session=True,
+        preexec_fn=_interruptible,
+    )
     marks = tmp_path / "marks"
     deadline = time.monotonic() + 240
     while not ((marks / "started").exists() and (marks / "finished-native_cuda.relu").exists()):
@@ -162,8 +245,15 @@ def test_ctrl_c_writes_the_partial_report_and_ends_the_workers(tmp_path):
         stdout, stderr = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:  # leave no hung CLI behind, and say how its signals stood
         status = Path(f"/proc/{proc.pid}/status")
-        state = [line for line in status.read_text().splitlines()
-                 if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt"))] if status.exists() else []
+        state = (
+            [
+                line
+                for line in status.read_text().splitlines()
+                if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt"))
+            ]
+            if status.exists()
+            else []
+        )
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         pytest.fail(f"the CLI was still running 60 s after Ctrl-C ({'; '.join(state)})")
@@ -180,14 +270,17 @@ def test_ctrl_c_writes_the_partial_report_and_ends_the_workers(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["verify", "relu", "--quick"], ["fuzz", "relu", "--examples", "1"]])
-@pytest.mark.parametrize("args, message", [
-    (["--jobs", "0"], "--jobs: must be a positive number of workers or auto, got '0'"),
-    (["--jobs", "-1"], "--jobs: must be a positive number of workers or auto, got '-1'"),
-    (["--jobs", "many"], "--jobs: must be a positive number of workers or auto, got 'many'"),
-    (["--devices", "0"], "--devices: pins the workers of --jobs to GPUs; give --jobs too"),
-    (["--jobs", "2", "--devices", "0"], "--devices: pins cuda workers to GPUs; this run is on the numpy backend"),
-    (["--jobs", "2", "--ray", "local"], "--ray: runs each capsule as a Ray task; give --ray or --jobs, not both"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--jobs", "0"], "--jobs: must be a positive number of workers or auto, got '0'"),
+        (["--jobs", "-1"], "--jobs: must be a positive number of workers or auto, got '-1'"),
+        (["--jobs", "many"], "--jobs: must be a positive number of workers or auto, got 'many'"),
+        (["--devices", "0"], "--devices: pins the workers of --jobs to GPUs; give --jobs too"),
+        (["--jobs", "2", "--devices", "0"], "--devices: pins cuda workers to GPUs; this run is on the numpy backend"),
+        (["--jobs", "2", "--ray", "local"], "--ray: runs each capsule as a Ray task; give --ray or --jobs, not both"),
+    ],
+)
 def test_bad_spread_options_exit_2_naming_the_option(command, args, message):
     result = runner.invoke(app, [*command, "--backend", "numpy", *args])
     assert result.exit_code == 2 and message in result.stderr, result.output
@@ -197,8 +290,9 @@ def test_ray_without_ray_installed_exits_3_naming_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     result = runner.invoke(app, ["verify", "relu", "--backend", "numpy", "--ray", "local"])
     assert result.exit_code == 3
-    assert result.stderr.splitlines()[-1] == ("capsules: error: --ray needs Ray, which the ray extra installs: "
-                                              "pip install 'capsules[ray]'")
+    assert result.stderr.splitlines()[-1] == (
+        "capsules: error: --ray needs Ray, which the ray extra installs: pip install 'capsules[ray]'"
+    )
 
 
 def test_jobs_auto_is_one_worker_per_core_and_never_more_than_capsules(monkeypatch):
@@ -210,6 +304,7 @@ def test_jobs_auto_is_one_worker_per_core_and_never_more_than_capsules(monkeypat
 
 def test_cuda_workers_are_pinned_to_the_devices_in_turn(monkeypatch):
     from capsule_core.backends import cuda
+
     gpus = tuple(cuda.GpuInfo(i, "GPU", "9.0", 80.0) for i in range(2))
     monkeypatch.setattr(cuda, "probe", lambda: cuda.CudaProbe("2024.1", "13.0", gpus, None))
     assert [w.device for w in parallel.local_workers("cuda", "auto", None, 46)] == [0, 1]
@@ -226,7 +321,7 @@ def test_the_workers_start_the_longest_capsules_first_and_learn_their_times(monk
     monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path))
     capsules = [registry.lookup(n) for n in ("relu", "softmax", "gather")]
     done = dict(parallel.verify(capsules, (parallel.Worker("numpy"),) * 2, quick=True, seed=0))
-    (key, seconds), = parallel.read_costs().items()
+    ((key, seconds),) = parallel.read_costs().items()
     assert key.startswith("numpy ") and "('quick', True)" in key
     assert seconds == {done[i].capsule: round(done[i].seconds, 3) for i in range(3)}
 
@@ -246,9 +341,11 @@ def test_a_failure_found_on_a_node_replays_here_from_the_merged_database(tmp_pat
     """What a Ray fuzz task does on its node (a private database, back with what it added), then
     the merge here: the local search starts from the node's failure."""
     from capsule_core.fuzz import fuzz_capsule
+
     mutant = next(m for m in MUTANTS if m.id == "sub-vjp-sign")
-    found, added = parallel._fuzz_on_node(mutant.backend(), ("native_cuda.sub", math.inf), max_examples=200,
-                                          seed=0, snapshot={})
+    found, added = parallel._fuzz_on_node(
+        mutant.backend(), ("native_cuda.sub", math.inf), max_examples=200, seed=0, snapshot={}
+    )
     assert found.failure is not None and found.examples + found.refused > 1 and added
     local = tmp_path / "hypothesis"
     parallel.merge_database(local, added)
@@ -261,6 +358,7 @@ def test_a_failure_found_on_a_node_replays_here_from_the_merged_database(tmp_pat
 
 
 # -- Ray ----------------------------------------------------------------------------------------
+
 
 def test_verify_on_a_local_ray_cluster_gives_the_serial_report(tmp_path):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'capsules[ray]')")

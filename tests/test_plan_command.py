@@ -171,10 +171,11 @@ def test_json_and_text_show_the_same_launches(no_gpu):
     doc = json.loads(run(*args, "--json").stdout)
     text = run(*args).stdout.splitlines()
     rule = next(i for i, line in enumerate(text) if line.startswith("-  "))
-    rows = [line.split() for line in text[rule + 1: rule + 1 + len(doc["launches"])]]
+    rows = [line.split() for line in text[rule + 1 : rule + 1 + len(doc["launches"])]]
     assert [(r[1], r[2], r[3]) for r in rows] == [
         (launch["symbol"], "x".join(map(str, launch["grid"])), "x".join(map(str, launch["block"])))
-        for launch in doc["launches"]]
+        for launch in doc["launches"]
+    ]
     parts = [launch["arguments"].get("parts") for launch in doc["launches"]]
     assert parts == [None, 52, 52, None, None] and "parts=52)" in "\n".join(text)
     assert doc["inputs"]["w_im"] == [16, 64, 64] and doc["inferred"] == {"w_im": ["w_re", "x"]}
@@ -221,7 +222,11 @@ def test_a_local_gpu_is_used_with_its_own_figures(monkeypatch):
     monkeypatch.setattr(cuda, "gpu_properties", lambda index: cuda.GpuProperties(132, 1980.0, 2619.0, 5120))
     device = explain.choose_device()
     assert (device.name, device.arch, device.multiprocessors, device.origin) == (
-        "NVIDIA H100 80GB HBM3", "sm_90", 132, "local GPU 0")
+        "NVIDIA H100 80GB HBM3",
+        "sm_90",
+        132,
+        "local GPU 0",
+    )
     assert device.bandwidth == pytest.approx(3.352e12, rel=1e-3)
     assert device.fma_peak == pytest.approx(132 * 128 * 2 * 1.98e9)
     other = explain.choose_device("sm_80")
@@ -238,6 +243,7 @@ def test_a_gpu_without_rules_or_properties_falls_back_to_the_reference(monkeypat
 
     def unreadable(index):
         raise EnvironmentMissing("cannot read GPU 0's properties: test")
+
     monkeypatch.setattr(cuda, "gpu_properties", unreadable)
     device = explain.choose_device()
     assert device.name == "H200 SXM" and "cannot read GPU 0's properties" in device.origin
@@ -253,6 +259,7 @@ def test_arch_sm_80_uses_its_rules_and_build(no_gpu):
 def test_without_nvcc_the_note_says_so_and_the_plan_still_shows(no_gpu, monkeypatch):
     def no_nvcc(source, arch, nvcc=None):
         raise EnvironmentMissing("nvcc not found (looked in PATH): install the CUDA toolkit or set CUDA_HOME")
+
     monkeypatch.setattr(explain, "compile_file", no_nvcc)
     result = run(*REFERENCE["softmax-long-rows"])
     assert result.exit_code == 0
@@ -292,22 +299,34 @@ def test_only_plain_tuples_of_named_dimensions_are_inferred():
         explain.explain("selective_scan", {"x": (2, 16, 8)}, {}, device=explain.reference_device("sm_90", "test"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["linear", "--input", "x=8xq", "--input", "w=4096x4096"], "--input x=8xq: '8xq' is not a shape"),
-    (["linear", "--input", "x8x4096"], "--input x8x4096: write NAME=SHAPE"),
-    (["linear", "--input", "x=8x4096", "--input", "w=4096x4096", "--input", "q=3"],
-     "linear: q: unknown input (inputs: b, w, x)"),
-    (["linear", "--input", "x=8x4096"], "linear: w: required input is missing"),
-    (["linear", "--input", "x=8x4096", "--input", "w=4096x4095"], "linear: w:"),
-    (["softmx", "--input", "x=4"], "unknown capsule 'softmx'; did you mean softmax"),
-    (["softmax", "--input", "x=4", "--input", "x=5"], "--input x: given twice"),
-    (["conv", "--input", "x=1x2x5x5", "--input", "w=3x2x3x3", "--param", "dilation=2"],
-     "conv: dilation: unknown parameter (allowed: stride, padding)"),
-    (["conv", "--input", "x=1x2x5x5", "--input", "w=3x2x3x3", "--param", "padding=-1"], "conv: padding: must be >= 0"),
-    (["rand_uniform", "--param", "shape=4x4", "--param", "seed=1", "--direction", "bwd"],
-     "--direction bwd: rand_uniform has no backward"),
-    (["reference.relu", "--input", "x=3"], "OP: reference.relu launches no CUDA kernel"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["linear", "--input", "x=8xq", "--input", "w=4096x4096"], "--input x=8xq: '8xq' is not a shape"),
+        (["linear", "--input", "x8x4096"], "--input x8x4096: write NAME=SHAPE"),
+        (
+            ["linear", "--input", "x=8x4096", "--input", "w=4096x4096", "--input", "q=3"],
+            "linear: q: unknown input (inputs: b, w, x)",
+        ),
+        (["linear", "--input", "x=8x4096"], "linear: w: required input is missing"),
+        (["linear", "--input", "x=8x4096", "--input", "w=4096x4095"], "linear: w:"),
+        (["softmx", "--input", "x=4"], "unknown capsule 'softmx'; did you mean softmax"),
+        (["softmax", "--input", "x=4", "--input", "x=5"], "--input x: given twice"),
+        (
+            ["conv", "--input", "x=1x2x5x5", "--input", "w=3x2x3x3", "--param", "dilation=2"],
+            "conv: dilation: unknown parameter (allowed: stride, padding)",
+        ),
+        (
+            ["conv", "--input", "x=1x2x5x5", "--input", "w=3x2x3x3", "--param", "padding=-1"],
+            "conv: padding: must be >= 0",
+        ),
+        (
+            ["rand_uniform", "--param", "shape=4x4", "--param", "seed=1", "--direction", "bwd"],
+            "--direction bwd: rand_uniform has no backward",
+        ),
+        (["reference.relu", "--input", "x=3"], "OP: reference.relu launches no CUDA kernel"),
+    ],
+)
 def test_usage_errors_exit_2_naming_the_argument(args, message, no_gpu):
     result = run(*args)
     assert result.exit_code == 2, result.output

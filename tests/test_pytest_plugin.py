@@ -33,6 +33,7 @@ def test_one_item_per_capsule_and_check(pytester):
 
 def test_all_means_every_native_capsule(pytester):
     from capsule_core.native_cuda import CAPSULES
+
     result = pytester.runpytest("--capsules", "all", *NUMPY, "--collect-only", "-q")
     assert sum(line.startswith("capsules::") for line in result.outlines) == len(CAPSULES) * len(CHECKS)
 
@@ -40,18 +41,21 @@ def test_all_means_every_native_capsule(pytester):
 def test_passed_passes_and_skipped_skips_with_its_reason(pytester):
     result = pytester.runpytest("--capsules", "relu", *NUMPY, "-rs", "-k", "value or rng")
     result.assert_outcomes(passed=2, skipped=1)
-    result.stdout.fnmatch_lines(["capsules: backend numpy: the numpy float32 provider on the CPU*",
-                                 "*SKIPPED*not a seeded op*"])
+    result.stdout.fnmatch_lines(
+        ["capsules: backend numpy: the numpy float32 provider on the CPU*", "*SKIPPED*not a seeded op*"]
+    )
 
 
 def _negated_relu(monkeypatch):
     """A planted bug: the numpy provider's relu comes out negated."""
     from capsule_core.cpu_providers import NUMPY_F32
+
     honest = NUMPY_F32.forward
 
     def forward(op, inputs, **params):
         y = honest(op, inputs, **params)
         return -y if getattr(op, "name", op) == "relu" else y
+
     monkeypatch.setattr(NUMPY_F32, "forward", forward)
 
 
@@ -59,11 +63,13 @@ def test_a_failed_check_fails_its_item_with_the_verify_message_and_rerun_line(py
     _negated_relu(monkeypatch)
     result = pytester.runpytest("--capsules", "relu,softmax", *NUMPY, "-k", "value")
     result.assert_outcomes(passed=2, failed=2)
-    result.stdout.fnmatch_lines([
-        "FAILED native_cuda.relu value: y small-0: *",
-        "    rerun: capsules verify relu --check value --seed 0 --backend numpy --case small-0",
-        "FAILED capsules::relu::value*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED native_cuda.relu value: y small-0: *",
+            "    rerun: capsules verify relu --check value --seed 0 --backend numpy --case small-0",
+            "FAILED capsules::relu::value*",
+        ]
+    )
 
 
 def test_exitfirst_stops_at_the_first_failed_check(pytester, monkeypatch):
@@ -74,18 +80,29 @@ def test_exitfirst_stops_at_the_first_failed_check(pytester, monkeypatch):
 
 def test_each_capsule_is_verified_once_for_its_selected_checks(pytester, monkeypatch):
     import capsule_core.verify as engine
+
     calls = []
     honest = engine.verify_capsule
 
     def counted(capsule, backend, **kwargs):
         calls.append((capsule.op.value, kwargs["checks"]))
         return honest(capsule, backend, **kwargs)
+
     monkeypatch.setattr(engine, "verify_capsule", counted)
-    result = pytester.runpytest("--capsules", "relu,softmax", *NUMPY, "--capsules-seed", "3",
-                                "-k", f"softmax and {DYNAMIC} or relu and (bounds or value)")
+    result = pytester.runpytest(
+        "--capsules",
+        "relu,softmax",
+        *NUMPY,
+        "--capsules-seed",
+        "3",
+        "-k",
+        f"softmax and {DYNAMIC} or relu and (bounds or value)",
+    )
     assert result.ret == pytest.ExitCode.OK
-    assert calls == [("relu", ("value", "value.special", "bounds")),
-                     ("softmax", tuple(c for c in CHECKS if c not in ("ffi.symbols", "launch.plan")))]
+    assert calls == [
+        ("relu", ("value", "value.special", "bounds")),
+        ("softmax", tuple(c for c in CHECKS if c not in ("ffi.symbols", "launch.plan"))),
+    ]
 
 
 def test_an_unknown_name_is_a_usage_error_naming_it(pytester):
@@ -98,10 +115,12 @@ def test_an_unknown_name_is_a_usage_error_naming_it(pytester):
 
 def test_a_backend_this_machine_lacks_fails_the_items_naming_it(pytester):
     from capsule_core.backends.cuda import probe
+
     if probe().problem is None:
         pytest.skip("a GPU answers here: --capsules-backend cuda runs")
-    result = pytester.runpytest("--capsules", "relu", "--capsules-backend", "cuda", "-p", "no:cacheprovider",
-                                "-k", "value and not special")
+    result = pytester.runpytest(
+        "--capsules", "relu", "--capsules-backend", "cuda", "-p", "no:cacheprovider", "-k", "value and not special"
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["--capsules-backend cuda: --backend cuda needs a GPU: *"])
 
@@ -109,25 +128,41 @@ def test_a_backend_this_machine_lacks_fails_the_items_naming_it(pytester):
 def test_on_the_emulator(pytester):
     from capsule_core.backends.select import resolve
     from capsule_core.errors import EnvironmentMissing
+
     try:
         resolve("emu")
     except EnvironmentMissing as exc:
         pytest.skip(f"no emulator here: {exc}")
-    result = pytester.runpytest("--capsules", "relu", "--capsules-backend", "emu", "--capsules-quick",
-                                "-p", "no:cacheprovider", "-k", "value or bounds or intact")
+    result = pytester.runpytest(
+        "--capsules",
+        "relu",
+        "--capsules-backend",
+        "emu",
+        "--capsules-quick",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "value or bounds or intact",
+    )
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["capsules: backend emu: *"])
 
 
 def test_without_capsules_the_plugin_adds_nothing_and_imports_no_numpy(pytester):
-    pytester.makepyfile(test_light="""
+    pytester.makepyfile(
+        test_light="""
         import sys
 
         def test_light():
             assert "numpy" not in sys.modules and "capsule_core.registry" not in sys.modules
-        """)
+        """
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    plugins = subprocess.run([sys.executable, "-m", "pytest", "--trace-config", "--co", "-q", "-p", "no:cacheprovider"],
-                             capture_output=True, text=True, cwd=pytester.path)
+    plugins = subprocess.run(
+        [sys.executable, "-m", "pytest", "--trace-config", "--co", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        cwd=pytester.path,
+    )
     assert "capsule_core/pytest_plugin.py" in plugins.stdout

@@ -103,7 +103,10 @@ def test_every_reduction_op_has_order_inputs_along_its_accumulation_axis():
     judged with an accumulation length of at least ORDER_LENGTH (conv's window: WINDOW_ORDER_LENGTH,
     the emulator's cost): the terms lie along the sum."""
     from capsule_core.ops.base import shapes_of, validate
-    ops = {c.op.value for c in native_cuda.CAPSULES if c.numerical_policy.reduction is not ReductionPolicy.NOT_APPLICABLE}
+
+    ops = {
+        c.op.value for c in native_cuda.CAPSULES if c.numerical_policy.reduction is not ReductionPolicy.NOT_APPLICABLE
+    }
     assert get_spec("max_pool").order_inputs is None
     for op in sorted(ops - {"max_pool"}):
         spec = get_spec(op)
@@ -132,7 +135,9 @@ def test_fixed_left_passes_a_sequential_left_fold(op, fold):
 
 
 def test_fixed_left_fails_a_provider_that_folds_from_the_other_end():
-    result = order_result(declared_fixed_left("reduce_sum"), MutantBackend("reversed", spec=forward_is(_reversed_left_fold)))
+    result = order_result(
+        declared_fixed_left("reduce_sum"), MutantBackend("reversed", spec=forward_is(_reversed_left_fold))
+    )
     assert result.status is Status.FAILED
     assert result.reason.startswith("y against the float32 left fold order-")
     assert "not bitwise equal" in result.reason and "--check reduction.order" in result.repro
@@ -167,7 +172,10 @@ def test_implementation_defined_fails_a_float16_matmul():
 
 def test_other_sane_orders_pass_implementation_defined():
     for fold in (_left_fold, _reversed_left_fold):
-        assert order_result(registry.lookup("reduce_sum"), MutantBackend("fold", spec=forward_is(fold))).status is Status.PASSED
+        assert (
+            order_result(registry.lookup("reduce_sum"), MutantBackend("fold", spec=forward_is(fold))).status
+            is Status.PASSED
+        )
 
 
 def test_the_rerun_line_runs_one_order_input():
@@ -179,15 +187,26 @@ def test_the_rerun_line_runs_one_order_input():
 
 # -- where the model ends -------------------------------------------------------------------------
 
-OVERFLOWING_SUM = Sample({"x": np.float32([[3e38, 3e38, 0.0], [1.0, 2.0, 3.5]])}, {"axis": 1}, "edge-sum-of-two-3e38", True)
+OVERFLOWING_SUM = Sample(
+    {"x": np.float32([[3e38, 3e38, 0.0], [1.0, 2.0, 3.5]])}, {"axis": 1}, "edge-sum-of-two-3e38", True
+)
 """Row 0 sums two 3e38 (its float32 partial sums overflow): out of model; row 1 is compared."""
-OVERFLOWING_ROW = Sample({"x": np.float32([[3e38, 1.0, 2.0, 3.0], [0.5, -1.0, 2.0, 0.25]]),
-                          "gamma": np.ones(4, np.float32), "beta": np.zeros(4, np.float32)}, {}, "edge-3e38-in-a-row", True)
+OVERFLOWING_ROW = Sample(
+    {
+        "x": np.float32([[3e38, 1.0, 2.0, 3.0], [0.5, -1.0, 2.0, 0.25]]),
+        "gamma": np.ones(4, np.float32),
+        "beta": np.zeros(4, np.float32),
+    },
+    {},
+    "edge-3e38-in-a-row",
+    True,
+)
 """A 3e38 in a layer_norm row: the float32 variance overflows."""
 
 
 def test_out_of_model_marks_the_overflowing_sum_only():
     from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
+
     spec = get_spec("reduce_sum")
     x = OVERFLOWING_SUM.inputs["x"]
     r, m = REFERENCE.forward(spec, {"x": x}, axis=1), REFERENCE.magnitude(spec, {"x": x}, axis=1)
@@ -197,7 +216,9 @@ def test_out_of_model_marks_the_overflowing_sum_only():
     outside = out_of_model(y, r, m, spec.error, 3, run)
     assert outside.tolist() == [True, False]
     garbage_in_row_0 = np.float32([np.nan, 6.5])
-    assert compare(garbage_in_row_0, r, m, spec.error, 3, True, outside) == compare(y, r, m, spec.error, 3, True, outside)
+    assert compare(garbage_in_row_0, r, m, spec.error, 3, True, outside) == compare(
+        y, r, m, spec.error, 3, True, outside
+    )
     result = compare(garbage_in_row_0, r, m, spec.error, 3, True, outside)
     assert result.passed and result.out_of_model == 1
     wrong_row_1 = compare(np.float32([np.inf, 6.0]), r, m, spec.error, 3, True, outside)
@@ -214,15 +235,21 @@ def test_verify_counts_out_of_model_elements_and_still_compares_the_others(monke
     with_edges(monkeypatch, "reduce_sum", OVERFLOWING_SUM)
     capsule = registry.lookup("reduce_sum")
     honest = verify_capsule(capsule, NumpyBackend(), quick=True, checks=("value", "bounds")).results
-    assert [(r.check, r.status, r.out_of_model) for r in honest] == [("value", Status.PASSED, 1),
-                                                                     ("bounds", Status.PASSED, 0)]
+    assert [(r.check, r.status, r.out_of_model) for r in honest] == [
+        ("value", Status.PASSED, 1),
+        ("bounds", Status.PASSED, 0),
+    ]
 
     def wrong_sum_of_small_values(f, a, p):
         y = f(a, p)
         return np.where(np.isfinite(y), y + 1, y).astype(y.dtype)
-    value = verify_capsule(capsule, MutantBackend("plus-one", spec=forward_is(wrong_sum_of_small_values)), quick=True,
-                           checks=("value",)).results[0]
-    assert value.status is Status.FAILED and value.reason.endswith("|y-r| = 1.0 exceeds the bound 1.5497209719939437e-06 (645277.451923073 times the bound)")
+
+    value = verify_capsule(
+        capsule, MutantBackend("plus-one", spec=forward_is(wrong_sum_of_small_values)), quick=True, checks=("value",)
+    ).results[0]
+    assert value.status is Status.FAILED and value.reason.endswith(
+        "|y-r| = 1.0 exceeds the bound 1.5497209719939437e-06 (645277.451923073 times the bound)"
+    )
     assert value.out_of_model == 1
 
 
@@ -234,7 +261,9 @@ def test_a_3e38_in_a_layer_norm_row_is_out_of_model_not_a_failure(monkeypatch):
     results = verify_capsule(registry.lookup("layer_norm"), NumpyBackend(), quick=True, checks=("value", "vjp")).results
     # value: both rows of the overflowing case; vjp: dgamma, whose sums over rows take in row 0
     assert [(r.status, r.out_of_model) for r in results] == [(Status.PASSED, 8), (Status.PASSED, 4)], results
-    alone = verify_capsule(registry.lookup("layer_norm"), NumpyBackend(), quick=True, checks=("value",), case=OVERFLOWING_ROW.case)
+    alone = verify_capsule(
+        registry.lookup("layer_norm"), NumpyBackend(), quick=True, checks=("value",), case=OVERFLOWING_ROW.case
+    )
     assert alone.results[0].status is Status.MISTRUSTED
     assert alone.results[0].reason == "every element was out of model: none was compared"
 
@@ -252,6 +281,7 @@ def test_the_report_shows_the_count(monkeypatch):
 
 def test_fuzz_counts_out_of_model_by_the_same_rule():
     from capsule_core.fuzz import Example, run_example
+
     capsule = registry.lookup("reduce_sum")
     example = Example(dict(OVERFLOWING_SUM.inputs), dict(OVERFLOWING_SUM.params))
     outcome = run_example(capsule, get_spec("reduce_sum"), NumpyBackend(), example, seed=0)

@@ -37,11 +37,13 @@ DEVELOPERS_ORDER = (
     "matmul linear mse_loss relu gelu add sub mul scale abs sqrt clamp max min sigmoid tanh softplus exp sin "
     "cos log inv safe_log log_softmax softmax hard_masked_softmax reduce_sum reduce_mean reshape permute "
     "broadcast concat slice gather scatter_add rand_uniform bernoulli_mask layer_norm batch_norm conv "
-    "conv_transpose max_pool smooth_max_pool avg_pool fft_fno selective_scan").split()
+    "conv_transpose max_pool smooth_max_pool avg_pool fft_fno selective_scan"
+).split()
 
 IMPLEMENTATION_DEFINED = set(
     "matmul linear mse_loss log_softmax softmax hard_masked_softmax reduce_sum reduce_mean scatter_add "
-    "layer_norm batch_norm conv conv_transpose max_pool smooth_max_pool avg_pool fft_fno selective_scan".split())
+    "layer_norm batch_norm conv conv_transpose max_pool smooth_max_pool avg_pool fft_fno selective_scan".split()
+)
 
 SEED_DESCRIPTIONS = {
     "matmul": "Native CUDA batched/matrix multiplication, backed by CUDA/cuBLAS paths.",
@@ -79,7 +81,11 @@ def test_vjp_modes_and_reduction_policies_follow_the_spec():
         assert (c.vjp.claim is ContractClaim.VJP_UNAVAILABLE) == random
         if not random:
             assert c.vjp_mode is VJPMode.BACKEND_VJP
-        expected = ReductionPolicy.IMPLEMENTATION_DEFINED if c.op.value in IMPLEMENTATION_DEFINED else ReductionPolicy.NOT_APPLICABLE
+        expected = (
+            ReductionPolicy.IMPLEMENTATION_DEFINED
+            if c.op.value in IMPLEMENTATION_DEFINED
+            else ReductionPolicy.NOT_APPLICABLE
+        )
         assert c.numerical_policy.reduction is expected, c.name
 
 
@@ -99,12 +105,16 @@ def test_native_symbols_follow_the_naming_convention():
         for ref in c.symbols:
             assert ref.path == f"cuda/{c.family}.cu"
             assert re.fullmatch(rf"capsule_{c.op.value}_(fwd|bwd)(_[a-z0-9_]+)?", ref.symbol), ref.symbol
-            assert all(re.fullmatch(r"(const )?(float|int64_t|uint64_t|int32_t)(\*)?( __restrict__)? [a-z_0-9]+", p)
-                       for p in ref.params), ref.params
+            assert all(
+                re.fullmatch(r"(const )?(float|int64_t|uint64_t|int32_t)(\*)?( __restrict__)? [a-z_0-9]+", p)
+                for p in ref.params
+            ), ref.params
         if c.op.value == "reshape":
             assert c.symbols == ()
         else:
-            assert c.value.provenance and all(r.symbol.startswith(f"capsule_{c.op.value}_fwd") for r in c.value.provenance)
+            assert c.value.provenance and all(
+                r.symbol.startswith(f"capsule_{c.op.value}_fwd") for r in c.value.provenance
+            )
             assert bool(c.vjp.provenance) == (c.vjp_mode is not VJPMode.NONE)
 
 
@@ -132,7 +142,9 @@ def test_contracts_aligned_rejects_misplaced_claims():
     c = _relu()
     swapped = dataclasses.replace(c, value=dataclasses.replace(c.value, claim=ContractClaim.SHAPE_CHECKED))
     assert not contracts_aligned(swapped)
-    wrong_layout = dataclasses.replace(c, layout_contract=dataclasses.replace(c.layout_contract, claim=ContractClaim.LAYOUT_ALIAS))
+    wrong_layout = dataclasses.replace(
+        c, layout_contract=dataclasses.replace(c.layout_contract, claim=ContractClaim.LAYOUT_ALIAS)
+    )
     assert not contracts_aligned(wrong_layout)
     no_vjp_claim = dataclasses.replace(c, vjp_mode=VJPMode.NONE)
     assert not contracts_aligned(no_vjp_claim)
@@ -150,8 +162,11 @@ def test_catalog_validation_errors_are_clear():
         registry.validate_catalog([c, c])
     with pytest.raises(RegistryError, match="same identity"):
         registry.validate_catalog([c, dataclasses.replace(c, name="native_cuda.other")])
-    bad = dataclasses.replace(c, name="native_cuda.bad", vjp=ContractDescriptor(
-        ContractClaim.VALUE_MATCHES_REFERENCE, "x", ContractEvidence.not_applicable()))
+    bad = dataclasses.replace(
+        c,
+        name="native_cuda.bad",
+        vjp=ContractDescriptor(ContractClaim.VALUE_MATCHES_REFERENCE, "x", ContractEvidence.not_applicable()),
+    )
     with pytest.raises(RegistryError, match="native_cuda.bad: contracts are not aligned"):
         registry.validate_catalog([bad])
 
@@ -167,9 +182,15 @@ def test_lookup_by_capsule_or_op_name_with_did_you_mean():
 def test_filters():
     assert len(registry.filter_capsules(module="native_cuda")) == 46
     assert len(registry.filter_capsules(module="reference")) == 46
-    assert {c.op.value for c in registry.filter_capsules(module="native_cuda", vjp=VJPMode.NONE)} == {"rand_uniform", "bernoulli_mask"}
+    assert {c.op.value for c in registry.filter_capsules(module="native_cuda", vjp=VJPMode.NONE)} == {
+        "rand_uniform",
+        "bernoulli_mask",
+    }
     assert len(registry.filter_capsules(module="native_cuda", family="pointwise")) == 20
-    assert {c.op.value for c in registry.filter_capsules(module="native_cuda", reduction=ReductionPolicy.IMPLEMENTATION_DEFINED)} == IMPLEMENTATION_DEFINED
+    assert {
+        c.op.value
+        for c in registry.filter_capsules(module="native_cuda", reduction=ReductionPolicy.IMPLEMENTATION_DEFINED)
+    } == IMPLEMENTATION_DEFINED
     with pytest.raises(UnknownNameError, match="did you mean pointwise"):
         registry.filter_capsules(family="pointwize")
 
@@ -186,8 +207,9 @@ def test_planner_chooses_by_device_provider_and_assurance():
 
 
 def test_prefer_searches_that_provider_first_then_catalog_order():
-    cpu_native = dataclasses.replace(registry.lookup("reference.sin"), name="native_cuda.sin_cpu",
-                                     provider=Provider.NATIVE_CUDA)
+    cpu_native = dataclasses.replace(
+        registry.lookup("reference.sin"), name="native_cuda.sin_cpu", provider=Provider.NATIVE_CUDA
+    )
     catalog = [registry.lookup("reference.sin"), cpu_native]
     auto = KernelPolicy(Device.CPU)
     assert choose(auto, BackendOp.SIN, catalog).name == "reference.sin"

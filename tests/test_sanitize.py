@@ -13,7 +13,7 @@ from capsule_core import sanitize
 from capsule_core.c_types import C_TYPES
 from capsule_core.model import NativeSymbolRef
 
-PLANTED = r'''
+PLANTED = r"""
 #include <cstdint>
 // A read one past the end that changes no value.
 extern "C" __global__ void capsule_planted_oob(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
@@ -48,12 +48,14 @@ extern "C" __global__ void capsule_planted_uninit(const float* __restrict__ x, f
     __syncthreads();
     y[i] = s[i] + 0.0f * early;
 }
-'''
+"""
 PARAMS = ("const float* __restrict__ x", "float* __restrict__ y", "int64_t n")
 DEFECTS = {"oob": "memcheck", "race": "racecheck", "divergent": "synccheck", "uninit": "initcheck"}
 N = 64
 
-pytestmark = pytest.mark.skipif(sanitize.unavailable("synccheck") is not None, reason="no C++ compiler for the emulator")
+pytestmark = pytest.mark.skipif(
+    sanitize.unavailable("synccheck") is not None, reason="no C++ compiler for the emulator"
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +87,9 @@ def run_planted(tool, defect, folder, refs):
 
 EXPECTED = {
     "memcheck": "heap-buffer-overflow: read of 4 bytes at buffer x (256 bytes) byte 256 in capsule_planted_oob block "
-                "(0,0,0) thread (63,0,0) at planted.cu:",
+    "(0,0,0) thread (63,0,0) at planted.cu:",
     "racecheck": "data race on shared memory: read at planted.cu:18 by block (0,0,0) thread (1,0,0) and write at "
-                 "planted.cu:17 by block (0,0,0) thread (0,0,0); no barrier orders them",
+    "planted.cu:17 by block (0,0,0) thread (0,0,0); no barrier orders them",
     "synccheck": "capsule_planted_divergent block (0,0,0): __syncthreads at planted.cu:",
     "initcheck": "buffer y (256 bytes) byte 0 holds bytes read from shared memory that no one wrote",
 }
@@ -123,6 +125,7 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
     from mutants import KERNEL_MUTANTS, mutated_sources
 
     from capsule_core.backends.emu import family_refs
+
     why = sanitize.unavailable("racecheck")
     if why:
         pytest.skip(why)
@@ -136,8 +139,13 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
         backend.upload(xa, a)
         backend.upload(xb, a)
         i64 = C_TYPES["int64_t"].numpy
-        backend.launch(ref, (1, 1, 1), (128, 1, 1), 0,
-                       [np.uintp(xa), np.uintp(xb), np.uintp(y), np.uintp(y), i64(1), i64(n), i64(n), i64(n), i64(1)])
+        backend.launch(
+            ref,
+            (1, 1, 1),
+            (128, 1, 1),
+            0,
+            [np.uintp(xa), np.uintp(xb), np.uintp(y), np.uintp(y), i64(1), i64(n), i64(n), i64(n), i64(1)],
+        )
         with pytest.raises(sanitize.SanitizerFinding) as found:
             backend.synchronize()
     finding = found.value.finding
@@ -145,7 +153,7 @@ def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
     assert "linalg.cuh" in finding.summary, finding.summary
 
 
-BLOCKS = r'''
+BLOCKS = r"""
 #include <cstdint>
 // Every block writes the same n elements (blockIdx forgotten): blocks race on global memory, each
 // pair by the same thread index.
@@ -153,7 +161,7 @@ extern "C" __global__ void capsule_planted_blocks(const float* __restrict__ x, f
     const int64_t i = threadIdx.x;
     if (i < n) y[i] = x[i] + static_cast<float>(blockIdx.x);
 }
-'''
+"""
 
 
 @pytest.mark.parametrize("blocks", [2, 5])
@@ -178,9 +186,11 @@ def test_racecheck_finds_blocks_writing_one_element(tmp_path, blocks):
     with pytest.raises(sanitize.SanitizerFinding) as found:
         backend.synchronize()
     finding = found.value.finding
-    assert finding.summary == ("data race on buffer y (256 bytes) byte 4: write at planted.cu:7 by block (1,0,0) thread "
-                               "(1,0,0) and write at planted.cu:7 by block (0,0,0) thread (1,0,0); no barrier orders "
-                               "them"), finding.summary
+    assert finding.summary == (
+        "data race on buffer y (256 bytes) byte 4: write at planted.cu:7 by block (1,0,0) thread "
+        "(1,0,0) and write at planted.cu:7 by block (0,0,0) thread (1,0,0); no barrier orders "
+        "them"
+    ), finding.summary
 
 
 # -- on a GPU: NVIDIA's compute-sanitizer, mapped to the same check ids -----------------------------
@@ -211,9 +221,13 @@ def test_compute_sanitizer_missing_is_a_skip_with_its_reason(monkeypatch, tmp_pa
 
 
 def test_compute_sanitizer_errors_become_the_finding(monkeypatch, tmp_path):
-    fake_compute_sanitizer(tmp_path, "========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
-                                     "=========     at capsule_relu_fwd+0x90 in pointwise.cu:19\n"
-                                     "========= ERROR SUMMARY: 1 error", 66)
+    fake_compute_sanitizer(
+        tmp_path,
+        "========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+        "=========     at capsule_relu_fwd+0x90 in pointwise.cu:19\n"
+        "========= ERROR SUMMARY: 1 error",
+        66,
+    )
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     outcome = sanitize.compute_sanitizer("memcheck", "relu", 0, True, None)
     assert outcome.status == "finding"
@@ -229,46 +243,70 @@ def test_compute_sanitizer_that_refuses_the_device_is_a_skip(monkeypatch, tmp_pa
 
 def test_cli_sanitize_takes_an_optional_tool_list(monkeypatch):
     from cli.options import optional_option_values
+
     assert optional_option_values(["verify", "relu", "--sanitize"]) == ["verify", "relu", "--sanitize=all"]
     assert optional_option_values(["verify", "--sanitize", "relu"]) == ["verify", "--sanitize=all", "relu"]
     assert optional_option_values(["verify", "--sanitize", "--quick"]) == ["verify", "--sanitize=all", "--quick"]
     assert optional_option_values(["verify", "--sanitize", "racecheck"]) == ["verify", "--sanitize", "racecheck"]
-    assert optional_option_values(["verify", "--sanitize", "memcheck,bogus"]) == ["verify", "--sanitize", "memcheck,bogus"]
+    assert optional_option_values(["verify", "--sanitize", "memcheck,bogus"]) == [
+        "verify",
+        "--sanitize",
+        "memcheck,bogus",
+    ]
     from cli.app import app
+
     result = CliRunner().invoke(app, ["verify", "relu", "--sanitize", "memcheck,bogus"])
     assert result.exit_code == 2 and "--sanitize: unknown tool bogus" in result.stderr
 
 
 def test_cli_sanitize_without_a_compiler_is_one_sentence_and_exit_3(monkeypatch, tmp_path):
     from cli.app import app
+
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     result = CliRunner().invoke(app, ["verify", "relu", "--backend", "numpy", "--sanitize=memcheck"])
     assert result.exit_code == 3
-    assert result.stderr.strip().splitlines()[-1] == ("capsules: error: --sanitize memcheck: the emu backend needs a C++ "
-                                                      "compiler (g++ or clang++ on PATH, or CXX); install g++")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "capsules: error: --sanitize memcheck: the emu backend needs a C++ "
+        "compiler (g++ or clang++ on PATH, or CXX); install g++"
+    )
 
 
 def test_a_run_past_the_limit_is_a_fault_naming_the_limit(planted, monkeypatch):
     """$CAPSULES_SANITIZE_TIMEOUT (what --sanitize-timeout sets) bounds each sanitized run."""
     monkeypatch.setenv(sanitize.TIMEOUT_ENV, "0.001")
-    with pytest.raises(sanitize.KernelFault, match=r"the memcheck run of capsule_planted_oob did not finish in 0\.001 s "
-                                                   r"\(--sanitize-timeout\)"):
+    with pytest.raises(
+        sanitize.KernelFault,
+        match=r"the memcheck run of capsule_planted_oob did not finish in 0\.001 s "
+        r"\(--sanitize-timeout\)",
+    ):
         run_planted("memcheck", "oob", *planted)
     monkeypatch.setenv(sanitize.TIMEOUT_ENV, "soon")
-    with pytest.raises(ValueError, match="CAPSULES_SANITIZE_TIMEOUT='soon': the sanitizer run limit must be a positive"):
+    with pytest.raises(
+        ValueError, match="CAPSULES_SANITIZE_TIMEOUT='soon': the sanitizer run limit must be a positive"
+    ):
         sanitize.run_limit()
     monkeypatch.delenv(sanitize.TIMEOUT_ENV)
     assert sanitize.run_limit() == sanitize.TIMEOUT_S
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--sanitize-timeout", "30"], "--sanitize-timeout: applies to sanitizer runs; add --sanitize"),
-    (["--sanitize=memcheck", "--sanitize-timeout", "0"], "--sanitize-timeout: must be a positive number of seconds, got 0"),
-    (["--sanitize=memcheck", "--sanitize-timeout", "inf"], "--sanitize-timeout: must be a positive number of seconds, got inf"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sanitize-timeout", "30"], "--sanitize-timeout: applies to sanitizer runs; add --sanitize"),
+        (
+            ["--sanitize=memcheck", "--sanitize-timeout", "0"],
+            "--sanitize-timeout: must be a positive number of seconds, got 0",
+        ),
+        (
+            ["--sanitize=memcheck", "--sanitize-timeout", "inf"],
+            "--sanitize-timeout: must be a positive number of seconds, got inf",
+        ),
+    ],
+)
 def test_cli_sanitize_timeout_is_checked(monkeypatch, argv, message):
     from cli.app import app
+
     monkeypatch.delenv(sanitize.TIMEOUT_ENV, raising=False)
     result = CliRunner().invoke(app, ["verify", "relu", "--backend", "numpy", *argv])
     assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1] == f"capsules: error: {message}"
@@ -277,8 +315,22 @@ def test_cli_sanitize_timeout_is_checked(monkeypatch, argv, message):
 def test_cli_sanitize_timeout_reaches_the_runs(monkeypatch):
     """The limit goes through the environment, so --jobs and --isolate workers inherit it."""
     from cli.app import app
+
     monkeypatch.setenv(sanitize.TIMEOUT_ENV, "600")
-    result = CliRunner().invoke(app, ["verify", "rand_uniform", "--backend", "emu", "--quick", "--sanitize=synccheck",
-                                      "--sanitize-timeout", "1800", "--check", "sanitize.synccheck"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "verify",
+            "rand_uniform",
+            "--backend",
+            "emu",
+            "--quick",
+            "--sanitize=synccheck",
+            "--sanitize-timeout",
+            "1800",
+            "--check",
+            "sanitize.synccheck",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert sanitize.run_limit() == 1800.0

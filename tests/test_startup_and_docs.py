@@ -14,8 +14,9 @@ HEAVY = ("pycuda", "hypothesis", "scipy", "numpy", "ray", "capsule_core.ops", "c
 
 
 def _imported_modules(*args) -> set[str]:
-    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "cli", *args], cwd=ROOT,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cli", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
 
 
@@ -33,6 +34,7 @@ def test_help_first_line_names_every_command():
     import typer
 
     from cli.app import app
+
     first_line = app.info.help.split("\n")[0]
     commands = typer.main.get_command(app).commands
     assert [name for name in commands if not re.search(rf"\b{name}\b", first_line)] == []
@@ -40,12 +42,14 @@ def test_help_first_line_names_every_command():
 
 def test_simple_table_is_tabulates_simple_format():
     from tabulate import tabulate
+
     rows = report.list_rows(registry.CATALOG)
     assert report.simple_table(rows) == tabulate(rows, headers="keys", tablefmt="simple", disable_numparse=True)
 
 
 def test_man_page_matches_the_cli():
     from cli.manpage import render
+
     committed = (ROOT / "man" / "capsules.1").read_text()
     assert committed == render(), "man/capsules.1 is stale: python -m cli.manpage > man/capsules.1"
 
@@ -54,6 +58,7 @@ def test_man_page_documents_every_command_and_option():
     import typer
 
     from cli.app import app
+
     page = (ROOT / "man" / "capsules.1").read_text()
     root = typer.main.get_command(app)
     for name, command in root.commands.items():

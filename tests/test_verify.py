@@ -13,14 +13,26 @@ from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.execution import GUARD_ELEMENTS, SENTINEL, GuardedOutput, Run
 from cli.app import app
 
-DYNAMIC = ("shape.guard", "value", "value.special", "vjp", "vjp.reference", "reduction.order", "determinism",
-           "rng", "selection.ties", "bounds", "inputs.intact")
+DYNAMIC = (
+    "shape.guard",
+    "value",
+    "value.special",
+    "vjp",
+    "vjp.reference",
+    "reduction.order",
+    "determinism",
+    "rng",
+    "selection.ties",
+    "bounds",
+    "inputs.intact",
+)
 runner = CliRunner()
 
 
 def statuses(op, backend=None, **kwargs):
-    report = engine.verify_capsule(registry.lookup(op), backend or NumpyBackend(), quick=True,
-                                   checks=kwargs.pop("checks", DYNAMIC), **kwargs)
+    report = engine.verify_capsule(
+        registry.lookup(op), backend or NumpyBackend(), quick=True, checks=kwargs.pop("checks", DYNAMIC), **kwargs
+    )
     return {r.check: r for r in report.results}
 
 
@@ -75,7 +87,8 @@ def test_bounds_catch_a_write_past_a_workspace():
     result = statuses("softmax", WorkspaceOverrun(), checks=("bounds",))["bounds"]
     assert result.status.value == "FAILED"
     assert result.reason.startswith("backward partials ") and result.reason.endswith(
-        ": 3 guard elements overwritten (a write past the buffer)"), result.reason
+        ": 3 guard elements overwritten (a write past the buffer)"
+    ), result.reason
 
 
 def test_guarded_output_accounting():
@@ -107,8 +120,20 @@ def test_cli_require_gpu_exits_3_here(machine_without_gpu):
 
 def test_cli_auto_says_which_backend_and_writes_json_and_junit(tmp_path, machine_without_gpu):
     json_file, junit_file = tmp_path / "v.json", tmp_path / "v.xml"
-    result = runner.invoke(app, ["verify", "relu", "add", "--quick", "--json", str(json_file), "--junit", str(junit_file),
-                                 *[a for c in DYNAMIC for a in ("--check", c)]])
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            "relu",
+            "add",
+            "--quick",
+            "--json",
+            str(json_file),
+            "--junit",
+            str(junit_file),
+            *[a for c in DYNAMIC for a in ("--check", c)],
+        ],
+    )
     assert result.stderr.startswith("backend auto -> emu: no GPU here")
     assert result.exit_code == 0, result.stdout
     doc = json.loads(json_file.read_text())
@@ -135,8 +160,10 @@ def test_ctrl_c_still_writes_the_partial_report(tmp_path, monkeypatch):
 
     monkeypatch.setattr(engine, "verify_capsule", interrupted)
     json_file = tmp_path / "partial.json"
-    result = runner.invoke(app, ["verify", "relu", "add", "sub", "--backend", "numpy", "--quick", "--check", "value",
-                                 "--json", str(json_file)])
+    result = runner.invoke(
+        app,
+        ["verify", "relu", "add", "sub", "--backend", "numpy", "--quick", "--check", "value", "--json", str(json_file)],
+    )
     assert result.exit_code == 130
     doc = json.loads(json_file.read_text())
     assert doc["interrupted"] is True and [c["name"] for c in doc["capsules"]] == ["native_cuda.relu"]
@@ -146,8 +173,10 @@ def test_ctrl_c_still_writes_the_partial_report(tmp_path, monkeypatch):
 
 def test_isolate_runs_each_capsule_in_its_own_process(tmp_path):
     json_file = tmp_path / "iso.json"
-    result = runner.invoke(app, ["verify", "abs", "--backend", "numpy", "--quick", "--isolate", "--check", "value",
-                                 "--json", str(json_file)])
+    result = runner.invoke(
+        app,
+        ["verify", "abs", "--backend", "numpy", "--quick", "--isolate", "--check", "value", "--json", str(json_file)],
+    )
     assert result.exit_code == 0, result.stdout
     doc = json.loads(json_file.read_text())
     assert doc["capsules"][0]["checks"][0]["id"] == "value" and doc["capsules"][0]["checks"][0]["status"] == "PASSED"

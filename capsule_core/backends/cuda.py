@@ -74,11 +74,16 @@ class GpuProperties:
 def gpu_properties(index: int) -> GpuProperties:
     """The properties of a GPU that probe() found (EnvironmentMissing if the driver will not say)."""
     import pycuda.driver as drv
+
     try:
         drv.init()
         d, a = drv.Device(index), drv.device_attribute
-        return GpuProperties(d.get_attribute(a.MULTIPROCESSOR_COUNT), d.get_attribute(a.CLOCK_RATE) / 1e3,
-                             d.get_attribute(a.MEMORY_CLOCK_RATE) / 1e3, d.get_attribute(a.GLOBAL_MEMORY_BUS_WIDTH))
+        return GpuProperties(
+            d.get_attribute(a.MULTIPROCESSOR_COUNT),
+            d.get_attribute(a.CLOCK_RATE) / 1e3,
+            d.get_attribute(a.MEMORY_CLOCK_RATE) / 1e3,
+            d.get_attribute(a.GLOBAL_MEMORY_BUS_WIDTH),
+        )
     except Exception as exc:  # pycuda raises its own LogicError/RuntimeError types
         raise EnvironmentMissing(f"cannot read GPU {index}'s properties: {exc}") from exc
 
@@ -98,6 +103,7 @@ class CudaBackend(DeviceBackend):
     def __init__(self, device: int = 0):
         super().__init__()
         import pycuda.driver as drv
+
         self.drv = drv
         try:
             drv.init()
@@ -137,6 +143,7 @@ class CudaBackend(DeviceBackend):
         """The prepared entry point of a NativeSymbolRef (compiled and loaded once)."""
         from ..kernels import compile_file, source_path
         from ..launch import parse_param
+
         if ref.symbol not in self._functions:
             if ref.path not in self._modules:
                 compiled = compile_file(source_path(ref.path), self.arch)
@@ -238,6 +245,7 @@ class DeviceTimer:
     def _peak_module(self):
         if self._module is None:
             from ..kernels import compile_file, source_path
+
             compiled = compile_file(source_path("cuda/peak.cu"), self.backend.arch)
             self._module = self.drv.module_from_buffer(compiled.cubin)
         return self._module
@@ -278,6 +286,7 @@ class DeviceTimer:
         """Run `enqueue` n times, each between its own event pair; returns (seconds per call,
         host seconds spent enqueueing per call, whether the spin guard ran)."""
         import time
+
         drv = self.drv
         pairs = self.events(n)
         try:
@@ -349,8 +358,9 @@ class _Timed:
             a = drv.mem_alloc(max(int(nbytes), 16))
         except drv.MemoryError as exc:
             self.close()
-            raise MemoryError(f"out of GPU memory allocating {int(nbytes)} bytes "
-                              f"({self.timer.free_bytes()} free): {exc}") from exc
+            raise MemoryError(
+                f"out of GPU memory allocating {int(nbytes)} bytes ({self.timer.free_bytes()} free): {exc}"
+            ) from exc
         self._allocations.append(a)
         return a
 
@@ -379,8 +389,7 @@ class TimedPlan(_Timed):
         drv = timer.drv
         backend = timer.backend
         aliases = getattr(plan, "aliases", {})  # outputs that are an input's memory: nothing to allocate
-        sizes = {b.name: b.nbytes for b in plan.buffers
-                 if b.name not in aliases}
+        sizes = {b.name: b.nbytes for b in plan.buffers if b.name not in aliases}
         needed = sum(sizes.values())
         free = timer.free_bytes()
         if needed > 0.9 * free:
@@ -401,8 +410,10 @@ class TimedPlan(_Timed):
             self.launches = []
             for launch in plan.launches:
                 fn, params = backend.function(symbols[launch.symbol])
-                args = tuple(np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
-                             for p, a in zip(params, launch.args))
+                args = tuple(
+                    np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
+                    for p, a in zip(params, launch.args)
+                )
                 if launch.shared_bytes > 48 * 1024:
                     fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)
                 self.launches.append((fn, launch.grid, launch.block, args, launch.shared_bytes))
@@ -454,5 +465,11 @@ class TimedFma(_Timed):
         return 2 * PEAK_CHAINS * self.iterations * self.grid[0] * self.BLOCK
 
     def _enqueue(self):
-        self.fn.prepared_call(self.grid, (self.BLOCK, 1, 1), np.uintp(int(self.out)), np.float32(0.9999999),
-                              np.float32(1e-7), np.int64(self.iterations))
+        self.fn.prepared_call(
+            self.grid,
+            (self.BLOCK, 1, 1),
+            np.uintp(int(self.out)),
+            np.float32(0.9999999),
+            np.float32(1e-7),
+            np.int64(self.iterations),
+        )

@@ -79,6 +79,7 @@ class DeviceBackend:
     def _plans(self, spec):
         from ..launch import plan_functions
         from ..registry import lookup
+
         capsule = lookup(spec.name)
         functions = plan_functions(capsule)
         if functions is None:
@@ -108,6 +109,7 @@ class DeviceBackend:
             if banded:  # a guarded output names its view itself, not the guards around it
                 self.name_buffer(address + lead + band, int(nbytes), b.name)
             return address + lead + band
+
         try:
             for b in plan.buffers:
                 if b.name in plan.aliases:
@@ -132,10 +134,15 @@ class DeviceBackend:
             for index, launch in enumerate(plan.launches, 1):
                 ref = symbols[launch.symbol]
                 params = [parse_param(p) for p in ref.params]
-                args = [np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a) for p, a in zip(params, launch.args)]
+                args = [
+                    np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
+                    for p, a in zip(params, launch.args)
+                ]
                 self.launch_count += 1
-                self.current_launch = (f"{index}/{len(plan.launches)} of the plan: {launch.symbol} grid "
-                                       f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}")
+                self.current_launch = (
+                    f"{index}/{len(plan.launches)} of the plan: {launch.symbol} grid "
+                    f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}"
+                )
                 activity.launch_started(self.current_launch)
                 self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
                 activity.launch_ended()
@@ -164,6 +171,7 @@ class DeviceBackend:
 
     def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
         from ..ops.base import validate
+
         arrays, p, _ = validate(spec, inputs, params, np.float32)
         capsule, (forward_plan, _) = self._plans(spec)
         plan = forward_plan(arrays, p)
@@ -173,6 +181,7 @@ class DeviceBackend:
 
     def backward(self, spec, inputs, params, g, grads) -> Run:
         from ..ops.base import validate
+
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
         capsule, (forward_plan, backward_plan) = self._plans(spec)
         before = self.launch_count

@@ -29,8 +29,19 @@ from .emu_memory import address_space
 
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
-HOST_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fsanitize=alignment",
-              "-fstack-clash-protection", "-fdata-sections", "-g1", "-w")
+HOST_FLAGS = (
+    "-std=c++20",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-fsanitize=alignment",
+    "-fstack-clash-protection",
+    "-fdata-sections",
+    "-g1",
+    "-w",
+)
 """-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
 checked, the handler in the emulator header ends the launch (a GPU faults); -fstack-clash-protection:
 a frame larger than a page is touched page by page, so a thread that outgrows its fiber stack hits
@@ -109,37 +120,49 @@ def dispatch_source(family: str, refs) -> str:
     """The generated table of a family: capsule_emu_run(symbol, dims[7], args) launches one entry
     point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol)."""
     from ..launch import parse_param
-    lines = [f'#include "{family}.cu"', "",
-             'extern "C" int capsule_emu_run(const char* symbol, const unsigned* d, const uint64_t* a) {',
-             "    const dim3 grid{d[0], d[1], d[2]}, block{d[3], d[4], d[5]};"]
+
+    lines = [
+        f'#include "{family}.cu"',
+        "",
+        'extern "C" int capsule_emu_run(const char* symbol, const unsigned* d, const uint64_t* a) {',
+        "    const dim3 grid{d[0], d[1], d[2]}, block{d[3], d[4], d[5]};",
+    ]
     for ref in sorted(refs, key=lambda r: r.symbol):
         params = [parse_param(p) for p in ref.params]
         args = "".join(f", {_argument(p, i)}" for i, p in enumerate(params))
-        lines.append(f'    if (std::strcmp(symbol, "{ref.symbol}") == 0)\n'
-                     f'        return capsule_emu::launch("{ref.symbol}", grid, block, d[6], &{ref.symbol}{args}) ? 1 : 0;')
-    lines += ["    return -1;", "}", "",
-              'extern "C" const char* capsule_emu_error() { return capsule_emu::state.error.c_str(); }',
-              "// The last launch's fault: signal, address, access (0 unknown, 1 read, 2 write, 3 fetch), pc.",
-              'extern "C" int capsule_emu_fault(uint64_t* out) {',
-              "    const auto& s = capsule_emu::state;",
-              "    out[0] = uint64_t(s.fault_signal), out[1] = reinterpret_cast<uintptr_t>(s.fault_address);",
-              "    out[2] = uint64_t(s.fault_access), out[3] = reinterpret_cast<uintptr_t>(s.fault_pc);",
-              "    return s.fault_signal;",
-              "}",
-              'extern "C" void capsule_emu_set_launch_timeout(double seconds) { capsule_emu::state.timeout_seconds = seconds; }',
-              'extern "C" int capsule_emu_timed_out() { return capsule_emu::state.timed_out; }',
-              ""]
+        lines.append(
+            f'    if (std::strcmp(symbol, "{ref.symbol}") == 0)\n'
+            f'        return capsule_emu::launch("{ref.symbol}", grid, block, d[6], &{ref.symbol}{args}) ? 1 : 0;'
+        )
+    lines += [
+        "    return -1;",
+        "}",
+        "",
+        'extern "C" const char* capsule_emu_error() { return capsule_emu::state.error.c_str(); }',
+        "// The last launch's fault: signal, address, access (0 unknown, 1 read, 2 write, 3 fetch), pc.",
+        'extern "C" int capsule_emu_fault(uint64_t* out) {',
+        "    const auto& s = capsule_emu::state;",
+        "    out[0] = uint64_t(s.fault_signal), out[1] = reinterpret_cast<uintptr_t>(s.fault_address);",
+        "    out[2] = uint64_t(s.fault_access), out[3] = reinterpret_cast<uintptr_t>(s.fault_pc);",
+        "    return s.fault_signal;",
+        "}",
+        'extern "C" void capsule_emu_set_launch_timeout(double seconds) { capsule_emu::state.timeout_seconds = seconds; }',
+        'extern "C" int capsule_emu_timed_out() { return capsule_emu::state.timed_out; }',
+        "",
+    ]
     return "\n".join(lines)
 
 
 def emulated_families() -> list[str]:
     """The kernel families (cuda/<family>.cu) behind the native capsules: what emu runs."""
     from .. import registry
+
     return sorted({Path(ref.path).stem for c in registry.CATALOG for ref in c.symbols})
 
 
 def family_refs(family: str) -> list:
     from .. import registry
+
     seen = {}
     for capsule in registry.CATALOG:
         if capsule.family == family:
@@ -150,13 +173,20 @@ def family_refs(family: str) -> list:
 
 def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...], family_dir: Path) -> str:
     from ..kernels import content_key, cuda_source_dir, source_closure
+
     source_dir = cuda_source_dir()
-    paths = set(source_closure(family_dir / f"{family}.cu")) | set(source_closure(source_dir / EMULATOR_HEADER)) | {
-        source_dir / LINKER_SCRIPT}
+    paths = (
+        set(source_closure(family_dir / f"{family}.cu"))
+        | set(source_closure(source_dir / EMULATOR_HEADER))
+        | {source_dir / LINKER_SCRIPT}
+    )
     if "capsule_emu_runner.h" in driver:
         paths.add(source_dir / "capsule_emu_runner.h")
-    return content_key(f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
-                       f"flags={' '.join(flags)}\n{driver}", paths)
+    return content_key(
+        f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
+        f"flags={' '.join(flags)}\n{driver}",
+        paths,
+    )
 
 
 @dataclass(frozen=True)
@@ -166,13 +196,20 @@ class EmuBuild:
     cached: bool
 
 
-def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source: str = "",
-                 output: str = "libfamily.so", family_dir: Path | None = None, refs=None) -> EmuBuild:
+def build_family(
+    family: str,
+    flags: tuple[str, ...] = HOST_FLAGS,
+    extra_source: str = "",
+    output: str = "libfamily.so",
+    family_dir: Path | None = None,
+    refs=None,
+) -> EmuBuild:
     """cuda/<family>.cu built for the CPU with its dispatch table (plus `extra_source`, e.g. a
     runner's main), from the content-hash cache when an intact build is there. `family_dir` and
     `refs`: another folder's <family>.cu and its entry points (kernels that are not the registry's,
     e.g. planted defects in tests), built against this package's emulator and headers."""
     from ..kernels import cache_dir, cuda_source_dir
+
     compiler = find_host_compiler()
     family_dir = Path(family_dir) if family_dir else cuda_source_dir()
     driver = dispatch_source(family, refs if refs is not None else family_refs(family)) + extra_source
@@ -188,13 +225,26 @@ def build_family(family: str, flags: tuple[str, ...] = HOST_FLAGS, extra_source:
         out = work / "entry"
         out.mkdir()
         (out / "dispatch.cpp").write_text(driver)
-        cmd = [str(compiler.path), *flags, "-include", str(source_dir / EMULATOR_HEADER), "-I", str(family_dir),
-               "-I", str(source_dir), "-o", str(out / output), str(out / "dispatch.cpp"),
-               f"-Wl,-T,{source_dir / LINKER_SCRIPT}"]
+        cmd = [
+            str(compiler.path),
+            *flags,
+            "-include",
+            str(source_dir / EMULATOR_HEADER),
+            "-I",
+            str(family_dir),
+            "-I",
+            str(source_dir),
+            "-o",
+            str(out / output),
+            str(out / "dispatch.cpp"),
+            f"-Wl,-T,{source_dir / LINKER_SCRIPT}",
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise EmuBuildError(f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
-                                f"{result.stderr.strip()[:4000]}\ncommand: {' '.join(cmd)}")
+            raise EmuBuildError(
+                f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
+                f"{result.stderr.strip()[:4000]}\ncommand: {' '.join(cmd)}"
+            )
         try:
             out.rename(entry)
         except OSError:
@@ -219,26 +269,38 @@ def load_family(family: str, family_dir: Path | None = None, refs: tuple | None 
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
-                ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def source_line(lib: ctypes.CDLL, pc: int) -> str:
-    """"pointwise.cu:42 (in capsule_relu_fwd)" for an instruction address inside `lib`, from the
+    """ "pointwise.cu:42 (in capsule_relu_fwd)" for an instruction address inside `lib`, from the
     build's line table (addr2line); "" when the address is elsewhere or the table says nothing."""
     if not pc:
         return ""
     info = _DlInfo()
     libdl = ctypes.CDLL(None)
     libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    if not libdl.dladdr(ctypes.c_void_p(pc), ctypes.byref(info)) or not info.dli_fname or info.dli_fname.decode() != lib._name:
+    if (
+        not libdl.dladdr(ctypes.c_void_p(pc), ctypes.byref(info))
+        or not info.dli_fname
+        or info.dli_fname.decode() != lib._name
+    ):
         return ""
     tool = shutil.which("addr2line")
     if tool is None:
         return ""
     try:
-        out = subprocess.run([tool, "-f", "-C", "-i", "-e", lib._name, hex(pc - info.dli_fbase)], capture_output=True,
-                             text=True, timeout=30).stdout.split("\n")
+        out = subprocess.run(
+            [tool, "-f", "-C", "-i", "-e", lib._name, hex(pc - info.dli_fbase)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.split("\n")
     except (OSError, subprocess.TimeoutExpired):
         return ""
     frames = [(out[i].strip(), out[i + 1].strip()) for i in range(0, len(out) - 1, 2)]

@@ -73,8 +73,9 @@ class DeviceAddressSpace:
         self.size, self.gap = size, gap
         base = self._libc.mmap(None, size, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
         if base in (None, ctypes.c_void_p(-1).value):
-            raise DeviceMemoryError(f"cannot reserve {size >> 30} GiB of address space for the emulated device "
-                                    f"(errno {ctypes.get_errno()})")
+            raise DeviceMemoryError(
+                f"cannot reserve {size >> 30} GiB of address space for the emulated device (errno {ctypes.get_errno()})"
+            )
         self.base = int(base)
         self._cursor = self.base
         self._live: dict[int, Allocation] = {}
@@ -84,14 +85,18 @@ class DeviceAddressSpace:
     def _map(self, address: int, nbytes: int, prot: int, extra: int = 0):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | extra
         if self._libc.mmap(address, nbytes, prot, flags, -1, 0) != address:
-            raise DeviceMemoryError(f"mmap of {nbytes} bytes of emulated device memory failed (errno {ctypes.get_errno()})")
+            raise DeviceMemoryError(
+                f"mmap of {nbytes} bytes of emulated device memory failed (errno {ctypes.get_errno()})"
+            )
 
     def allocate(self, nbytes: int) -> int:
         """A fresh, zero-filled, page-aligned allocation of nbytes, GAP bytes past the last one."""
         committed = max(PAGE, -(-int(nbytes) // PAGE) * PAGE)
         if committed + 2 * self.gap > self.size:
-            raise DeviceMemoryError(f"an allocation of {nbytes:,} bytes does not fit the emulated device "
-                                    f"({self.size >> 30} GiB of address space)")
+            raise DeviceMemoryError(
+                f"an allocation of {nbytes:,} bytes does not fit the emulated device "
+                f"({self.size >> 30} GiB of address space)"
+            )
         address = self._place(committed)
         self._map(address, committed, _PROT_RW)
         self._live[address] = Allocation(address, int(nbytes), committed)
@@ -110,8 +115,14 @@ class DeviceAddressSpace:
                     raise DeviceMemoryError(f"the emulated device is full: {len(self._live)} live allocations")
                 start, wrapped = self.base, True
                 continue
-            clash = next((a for a in live if a.address < address + committed + self.gap
-                          and address < a.address + a.committed + self.gap), None)
+            clash = next(
+                (
+                    a
+                    for a in live
+                    if a.address < address + committed + self.gap and address < a.address + a.committed + self.gap
+                ),
+                None,
+            )
             if clash is None:
                 return address
             start = clash.address + clash.committed
@@ -167,6 +178,7 @@ def _nearest(address: int, buffers: list[NamedBuffer], reach: int) -> str | None
 
     def distance(b: NamedBuffer) -> int:
         return address - (b.address + b.nbytes) if address >= b.address + b.nbytes else b.address - address
+
     near = [b for b in buffers if distance(b) <= reach]
     if not near:
         return None

@@ -14,6 +14,7 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
     emulator (bench: an emulator's time is no kernel timing). `launch_timeout`: the emulator's
     watchdog in seconds (None: CAPSULES_LAUNCH_TIMEOUT or its default)."""
     from .numpy_f32 import NumpyBackend
+
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
     if name == "numpy":
@@ -22,6 +23,7 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
         backend = _emulator(launch_timeout)
         return backend, f"backend emu: {backend.description}"
     from . import cuda
+
     probe = cuda.probe()
     if probe.problem is None and device < len(probe.devices):
         gpu = probe.devices[device]
@@ -40,4 +42,5 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
 
 def _emulator(launch_timeout: float | None = None):
     from .emu import EmuBackend
+
     return EmuBackend(launch_timeout=launch_timeout)

@@ -7,8 +7,19 @@ from functools import lru_cache
 
 from ..errors import UnknownNameError
 
-FAMILIES = ("pointwise", "softmax", "reduce", "view", "index", "random",
-            "norm", "conv_pool", "linalg", "spectral", "scan")
+FAMILIES = (
+    "pointwise",
+    "softmax",
+    "reduce",
+    "view",
+    "index",
+    "random",
+    "norm",
+    "conv_pool",
+    "linalg",
+    "spectral",
+    "scan",
+)
 """Family modules; each defines SPECS, a tuple of OpSpec. The same names as the .cu files."""
 
 
@@ -30,5 +41,6 @@ def get_spec(name: str):
     specs = all_specs()
     if name not in specs:
         import difflib
+
         raise UnknownNameError("op", name, tuple(difflib.get_close_matches(name, specs, n=3)))
     return specs[name]

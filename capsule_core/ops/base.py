@@ -371,8 +371,11 @@ def working_params(params: Params, dtype) -> dict:
 def require_rank(op: str, name: str, shape: Sequence[int], min_rank: int = 0, max_rank: int | None = None):
     r = len(shape)
     if r < min_rank or (max_rank is not None and r > max_rank):
-        want = f"rank {min_rank}" if max_rank == min_rank else (
-            f"rank >= {min_rank}" if max_rank is None else f"rank {min_rank} to {max_rank}")
+        want = (
+            f"rank {min_rank}"
+            if max_rank == min_rank
+            else (f"rank >= {min_rank}" if max_rank is None else f"rank {min_rank} to {max_rank}")
+        )
         raise ShapeError(op, name, f"must have {want}, got shape {tuple(shape)}")
 
 

@@ -95,7 +95,7 @@ def _fold(cols, stride, padded_sizes):
     """The adjoint of `_windows`: (N, C, *L, *k) window cells added into (N, C, *padded_sizes),
     one vectorised slice per kernel offset (at most k0·k1·k2 iterations)."""
     r = len(stride)
-    lengths, kernel = cols.shape[2:2 + r], cols.shape[2 + r:]
+    lengths, kernel = cols.shape[2 : 2 + r], cols.shape[2 + r :]
     out = np.zeros(cols.shape[:2] + tuple(padded_sizes), cols.dtype)
     if cols.size == 0:
         return out
@@ -159,8 +159,9 @@ def _conv_shape_rule(op: str, transposed: bool):
             raise ShapeError(op, "w", f"must have rank {len(x)} {layout} for x of shape {x}, got shape {w}")
         ci_axis, co_axis = (0, 1) if transposed else (1, 0)
         if w[ci_axis] != x[1]:
-            raise ShapeError(op, "w", f"must have Ci = {x[1]} (x's channels) on axis {ci_axis} of {layout}, "
-                                      f"got shape {w}")
+            raise ShapeError(
+                op, "w", f"must have Ci = {x[1]} (x's channels) on axis {ci_axis} of {layout}, got shape {w}"
+            )
         if min(w[2:]) < 1:
             raise ShapeError(op, "w", f"kernel sizes must be >= 1, got shape {w}")
         if b != (w[co_axis],):
@@ -169,6 +170,7 @@ def _conv_shape_rule(op: str, transposed: bool):
         padding = _check_per_axis(op, "padding", params["padding"], r, 0)
         length = _transposed_len if transposed else _out_len
         return (x[0], w[co_axis]) + tuple(length(n, k, s, p) for n, k, s, p in zip(x[2:], w[2:], stride, padding))
+
     return shape
 
 
@@ -185,8 +187,11 @@ def _conv_vjp(a, p, y, g):
     stride, padding = _per_axis(p["stride"], r), _per_axis(p["padding"], r)
     xp = _pad(x, padding)
     dxp = _correlate_adjoint(g, w, stride, xp.shape[2:])
-    return {"x": np.ascontiguousarray(_crop(dxp, padding, x.shape[2:])),
-            "w": _weight_grad(g, xp, w.shape[2:], stride), "b": _channel_sum(g)}
+    return {
+        "x": np.ascontiguousarray(_crop(dxp, padding, x.shape[2:])),
+        "w": _weight_grad(g, xp, w.shape[2:], stride),
+        "b": _channel_sum(g),
+    }
 
 
 def _conv_magnitude(a, p, y):
@@ -255,29 +260,39 @@ def _conv_cost(shape_rule, transposed: bool):
         # A multiply-add (2 flops) per (input cell, weight) pair that meets, plus the bias: conv pairs
         # each output with Ci*prod(k) weights, conv_transpose each input cell with Co*prod(k).
         pairs = (numel(x) if transposed else numel(out)) * w[1] * _kernel_volume(shapes)
-        return Cost(bytes_read=4 * (numel(x) + numel(w) + out[1]),
-                    bytes_written=4 * numel(out), flops=2 * pairs + numel(out))
+        return Cost(
+            bytes_read=4 * (numel(x) + numel(w) + out[1]), bytes_written=4 * numel(out), flops=2 * pairs + numel(out)
+        )
+
     return cost
 
 
 CONV_SIZES = {
     # (x shape, w shape, stride, padding)
-    "small": (((2, 2, 5, 4), (3, 2, 3, 2), 1, 0),
-              ((2, 2, 7), (3, 2, 3), 2, 1),
-              ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), (1, 2, 1), (1, 0, 1))),
-    "medium": (((2, 16, 32, 32), (16, 16, 3, 3), 1, 1),
-               ((4, 8, 1000), (8, 8, 5), 2, 2),
-               ((2, 4, 12, 12, 12), (6, 4, 3, 3, 3), (1, 2, 1), 1)),
+    "small": (
+        ((2, 2, 5, 4), (3, 2, 3, 2), 1, 0),
+        ((2, 2, 7), (3, 2, 3), 2, 1),
+        ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), (1, 2, 1), (1, 0, 1)),
+    ),
+    "medium": (
+        ((2, 16, 32, 32), (16, 16, 3, 3), 1, 1),
+        ((4, 8, 1000), (8, 8, 5), 2, 2),
+        ((2, 4, 12, 12, 12), (6, 4, 3, 3, 3), (1, 2, 1), 1),
+    ),
     "large": (((8, 32, 64, 64), (32, 32, 3, 3), 1, 1),),
 }
 CONV_TRANSPOSE_SIZES = {
     # (x shape, w shape (Ci, Co, *k), stride, padding)
-    "small": (((2, 2, 3, 2), (2, 3, 3, 2), 1, 0),
-              ((2, 2, 4), (2, 3, 3), 2, 1),
-              ((1, 2, 2, 2, 2), (2, 2, 2, 3, 2), (2, 1, 2), (0, 1, 0))),
-    "medium": (((2, 16, 16, 16), (16, 16, 3, 3), 2, 1),
-               ((4, 8, 500), (8, 8, 5), 2, 2),
-               ((2, 4, 8, 8, 8), (4, 6, 3, 3, 3), (1, 2, 1), 1)),
+    "small": (
+        ((2, 2, 3, 2), (2, 3, 3, 2), 1, 0),
+        ((2, 2, 4), (2, 3, 3), 2, 1),
+        ((1, 2, 2, 2, 2), (2, 2, 2, 3, 2), (2, 1, 2), (0, 1, 0)),
+    ),
+    "medium": (
+        ((2, 16, 16, 16), (16, 16, 3, 3), 2, 1),
+        ((4, 8, 500), (8, 8, 5), 2, 2),
+        ((2, 4, 8, 8, 8), (4, 6, 3, 3, 3), (1, 2, 1), 1),
+    ),
     "large": (((8, 32, 32, 32), (32, 32, 4, 4), 2, 1),),
 }
 
@@ -285,8 +300,11 @@ CONV_TRANSPOSE_SIZES = {
 def _conv_arrays(rng, x_shape, w_shape, co: int) -> dict:
     """x ~ N(0, 1), w scaled by 1/sqrt(fan-in) so outputs stay O(1), b ~ N(0, 1/4)."""
     fan_in = max(1, numel(w_shape[1:]))
-    return {"x": f32(rng.standard_normal(x_shape)), "w": f32(rng.standard_normal(w_shape) / math.sqrt(fan_in)),
-            "b": f32(0.5 * rng.standard_normal(co))}
+    return {
+        "x": f32(rng.standard_normal(x_shape)),
+        "w": f32(rng.standard_normal(w_shape) / math.sqrt(fan_in)),
+        "b": f32(0.5 * rng.standard_normal(co)),
+    }
 
 
 def _conv_samples(sizes: dict, transposed: bool):
@@ -296,6 +314,7 @@ def _conv_samples(sizes: dict, transposed: bool):
             co = w[1] if transposed else w[0]
             out.append(Sample(_conv_arrays(rng, x, w, co), {"stride": s, "padding": q}, f"{size}-{i}"))
         return out
+
     return samples
 
 
@@ -306,6 +325,7 @@ def _conv_edges(op: str, transposed: bool, cases):
             arrays = _conv_arrays(seeded_rng(op, case), x, w, w[1] if transposed else w[0])
             out.append(Sample(arrays, params, case, True))
         return out
+
     return edges
 
 
@@ -351,18 +371,26 @@ def _order_rows(n: int = ORDER_LENGTH) -> np.ndarray:
 def _conv_order_inputs(transposed: bool):
     """Weights of ones (exact products), the orders along the input channels (a 1×1 kernel);
     for conv also along one window (Ci = 1, kernel = input length: a single output)."""
+
     def order_inputs() -> list[Sample]:
         rows = _order_rows()
         n = rows.shape[1]
-        channels = {"x": rows[:, :, None], "w": np.ones((n, 1, 1) if transposed else (1, n, 1), np.float32),
-                    "b": np.zeros(1, np.float32)}
+        channels = {
+            "x": rows[:, :, None],
+            "w": np.ones((n, 1, 1) if transposed else (1, n, 1), np.float32),
+            "b": np.zeros(1, np.float32),
+        }
         out = [Sample(channels, {}, "order-channels", True)]
         if not transposed:
             rows = _order_rows(WINDOW_ORDER_LENGTH)
-            window = {"x": rows[:, None, :], "w": np.ones((1, 1, WINDOW_ORDER_LENGTH), np.float32),
-                      "b": np.zeros(1, np.float32)}
+            window = {
+                "x": rows[:, None, :],
+                "w": np.ones((1, 1, WINDOW_ORDER_LENGTH), np.float32),
+                "b": np.zeros(1, np.float32),
+            }
             out.append(Sample(window, {}, "order-window", True))
         return out
+
     return order_inputs
 
 
@@ -384,67 +412,119 @@ def _conv_errors(op: str, transposed: bool):
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"stride": 0}, ParamError, r"stride: must be >= 1"),
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"stride": (1, 0)}, ParamError, r"stride: must be >= 1"),
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"padding": -1}, ParamError, r"padding: must be >= 0"),
-        ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"stride": (1, 1, 1)}, ParamError,
-         r"stride: must be an int or one entry per spatial axis \(2\)"),
-        ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"padding": (1,)}, ParamError,
-         r"padding: must be an int or one entry per spatial axis \(2\)"),
+        (
+            (2, 4, 5, 5),
+            w_shape(4, 3, 2, 2),
+            (3,),
+            {"stride": (1, 1, 1)},
+            ParamError,
+            r"stride: must be an int or one entry per spatial axis \(2\)",
+        ),
+        (
+            (2, 4, 5, 5),
+            w_shape(4, 3, 2, 2),
+            (3,),
+            {"padding": (1,)},
+            ParamError,
+            r"padding: must be an int or one entry per spatial axis \(2\)",
+        ),
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"stride": 1.0}, ParamError, r"stride: must be a tuple of ints"),
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"dilation": 2}, ParamError, r"dilation: unknown parameter"),
     ]
+
     def errors() -> list[ErrorCase]:
         out = [case(i, *row) for i, row in enumerate(rows)]
-        out.append(ErrorCase(Sample({"x": np.zeros((1, 1, 3), np.float32), "w": np.zeros((1, 1, 2), np.float32)}, {},
-                                    "error-missing-b"), ShapeError, r"b: required input is missing"))
+        out.append(
+            ErrorCase(
+                Sample(
+                    {"x": np.zeros((1, 1, 3), np.float32), "w": np.zeros((1, 1, 2), np.float32)}, {}, "error-missing-b"
+                ),
+                ShapeError,
+                r"b: required input is missing",
+            )
+        )
         return out
+
     return errors
 
 
-def _conv_spec(name: str, transposed: bool, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error,
-               sizes, edges, doc: str) -> OpSpec:
+def _conv_spec(
+    name: str, transposed: bool, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error, sizes, edges, doc: str
+) -> OpSpec:
     """conv and conv_transpose: the same inputs and parameters; w's first two axes swap roles."""
     w_rank = "(Ci, Co, *kernel)" if transposed else "(Co, Ci, *kernel)"
     rule = "(N, Co, *[max(0, (in-1)*s + k - 2p)])" if transposed else "(N, Co, *[(in + 2p - k)//s + 1, or 0])"
     shape_rule = _conv_shape_rule(name, transposed)
     return OpSpec(
-        name=name, family="conv_pool",
+        name=name,
+        family="conv_pool",
         inputs=(Tensor("x", "(N, Ci, *spatial), spatial rank 1 to 3"), Tensor("w", w_rank), Tensor("b", "(Co)")),
-        params=(STRIDE, PADDING), shape_rule=rule, shape=shape_rule,
-        forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=_conv_cost(shape_rule, transposed),
-        samples=_conv_samples(sizes, transposed), edges=_conv_edges(name, transposed, edges),
-        errors=_conv_errors(name, transposed), order_inputs=_conv_order_inputs(transposed), doc=doc,
+        params=(STRIDE, PADDING),
+        shape_rule=rule,
+        shape=shape_rule,
+        forward=forward,
+        vjp=vjp,
+        magnitude=magnitude,
+        vjp_magnitude=vjp_magnitude,
+        error=error,
+        vjp_error=vjp_error,
+        cost=_conv_cost(shape_rule, transposed),
+        samples=_conv_samples(sizes, transposed),
+        edges=_conv_edges(name, transposed, edges),
+        errors=_conv_errors(name, transposed),
+        order_inputs=_conv_order_inputs(transposed),
+        doc=doc,
     )
 
 
 CONV = _conv_spec(
-    "conv", False, forward=_conv, vjp=_conv_vjp, magnitude=_conv_magnitude, vjp_magnitude=_conv_vjp_magnitude,
-    error=Accumulation(2, "Ci*prod(k) products plus the bias summed: n = Ci*prod(k) + 1; the product "
-                          "rounding and one spare", lambda s, p: tuple(s["w"])[1] * _kernel_volume(s) + 1),
+    "conv",
+    False,
+    forward=_conv,
+    vjp=_conv_vjp,
+    magnitude=_conv_magnitude,
+    vjp_magnitude=_conv_vjp_magnitude,
+    error=Accumulation(
+        2,
+        "Ci*prod(k) products plus the bias summed: n = Ci*prod(k) + 1; the product rounding and one spare",
+        lambda s, p: tuple(s["w"])[1] * _kernel_volume(s) + 1,
+    ),
     vjp_error={
-        "x": Accumulation(2, "each x cell sums at most Co*prod(k) products g*w",
-                          lambda s, p: tuple(s["w"])[0] * _kernel_volume(s)),
+        "x": Accumulation(
+            2, "each x cell sums at most Co*prod(k) products g*w", lambda s, p: tuple(s["w"])[0] * _kernel_volume(s)
+        ),
         "w": Accumulation(2, "each weight sums N*prod(L) products g*x", _conv_out_positions),
         "b": Accumulation(1, "each bias sums N*prod(L) cotangents", _conv_out_positions),
     },
-    sizes=CONV_SIZES, edges=CONV_EDGES,
+    sizes=CONV_SIZES,
+    edges=CONV_EDGES,
     doc="conv(x, w, b, stride=1, padding=0): cross-correlation + bias (PyTorch convNd), "
-        "zero padding, no dilation or groups.",
+    "zero padding, no dilation or groups.",
 )
 
 CONV_TRANSPOSE = _conv_spec(
-    "conv_transpose", True, forward=_conv_transpose, vjp=_conv_transpose_vjp, magnitude=_conv_transpose_magnitude,
+    "conv_transpose",
+    True,
+    forward=_conv_transpose,
+    vjp=_conv_transpose_vjp,
+    magnitude=_conv_transpose_magnitude,
     vjp_magnitude=_conv_transpose_vjp_magnitude,
-    error=Accumulation(2, "each output sums at most Ci*prod(k) products x*w plus the bias",
-                       lambda s, p: tuple(s["w"])[0] * _kernel_volume(s) + 1),
+    error=Accumulation(
+        2,
+        "each output sums at most Ci*prod(k) products x*w plus the bias",
+        lambda s, p: tuple(s["w"])[0] * _kernel_volume(s) + 1,
+    ),
     vjp_error={
         "x": Accumulation(2, "a conv of g: Co*prod(k) products", lambda s, p: tuple(s["w"])[1] * _kernel_volume(s)),
-        "w": Accumulation(2, "each weight sums N*prod(in) products x*g",
-                          lambda s, p: numel(tuple(s["x"])[:1] + tuple(s["x"])[2:])),
+        "w": Accumulation(
+            2, "each weight sums N*prod(in) products x*g", lambda s, p: numel(tuple(s["x"])[:1] + tuple(s["x"])[2:])
+        ),
         "b": Accumulation(1, "each bias sums N*prod(out) cotangents", _transposed_out_positions),
     },
-    sizes=CONV_TRANSPOSE_SIZES, edges=CONV_TRANSPOSE_EDGES,
+    sizes=CONV_TRANSPOSE_SIZES,
+    edges=CONV_TRANSPOSE_EDGES,
     doc="conv_transpose(x, w, b, stride=1, padding=0): the adjoint of conv in x plus bias "
-        "(PyTorch conv_transposeNd without output_padding); w is (Ci, Co, *kernel).",
+    "(PyTorch conv_transposeNd without output_padding); w is (Ci, Co, *kernel).",
 )
 
 
@@ -468,11 +548,13 @@ def _pool_shape_rule(op: str):
         stride = kernel if params["stride"] is None else _check_per_axis(op, "stride", params["stride"], r, 1)
         padding = _check_per_axis(op, "padding", params["padding"], r, 0)
         if any(2 * p > k for p, k in zip(padding, kernel)):
-            raise ParamError(op, "padding",
-                             f"must be <= kernel/2 on every axis (kernel {kernel}), got {params['padding']!r}")
+            raise ParamError(
+                op, "padding", f"must be <= kernel/2 on every axis (kernel {kernel}), got {params['padding']!r}"
+            )
         if "beta" in params and params["beta"] == 0:
             raise ParamError(op, "beta", f"must be nonzero as float32, got {params['beta']!r}")
         return x[:2] + tuple(_out_len(n, k, s, p) for n, k, s, p in zip(x[2:], kernel, stride, padding))
+
     return shape
 
 
@@ -480,7 +562,7 @@ def _window_cells(x, params, pad_value: float):
     """(windows as (N, C, *L, K) with K = prod(kernel), geometry) of x padded with pad_value."""
     kernel, stride, padding = _pool_geometry(x.ndim, params)
     win = _windows(_pad(x, padding, pad_value), kernel, stride)
-    return win.reshape(win.shape[:x.ndim] + (numel(kernel),)), (kernel, stride, padding)
+    return win.reshape(win.shape[: x.ndim] + (numel(kernel),)), (kernel, stride, padding)
 
 
 def _unfold_back(cells, x_shape, geometry):
@@ -588,17 +670,18 @@ def _pool_cost(name: str, flops_per_cell: int, flops_per_output: int):
         out = _pool_shape_rule(name)(shapes, params)
         flops = numel(out) * (flops_per_cell * _volume(shapes, params) + flops_per_output)
         return Cost(bytes_read=4 * numel(x), bytes_written=4 * numel(out), flops=flops)
+
     return cost
 
 
 POOL_SIZES = {
     # (x shape, kernel, stride, padding)
-    "small": (((2, 2, 5, 4), 2, 1, 0),
-              ((1, 2, 7), 3, 2, 1),
-              ((1, 1, 3, 4, 3), (2, 2, 2), (1, 2, 1), (1, 0, 1))),
-    "medium": (((4, 16, 32, 32), 2, None, 0),
-               ((2, 8, 1000), 3, 2, 1),
-               ((2, 4, 16, 16, 16), (2, 3, 2), (2, 2, 1), (1, 1, 0))),
+    "small": (((2, 2, 5, 4), 2, 1, 0), ((1, 2, 7), 3, 2, 1), ((1, 1, 3, 4, 3), (2, 2, 2), (1, 2, 1), (1, 0, 1))),
+    "medium": (
+        ((4, 16, 32, 32), 2, None, 0),
+        ((2, 8, 1000), 3, 2, 1),
+        ((2, 4, 16, 16, 16), (2, 3, 2), (2, 2, 1), (1, 1, 0)),
+    ),
     "large": (((8, 64, 64, 64), 3, 2, 1),),
 }
 
@@ -621,6 +704,7 @@ def _pool_samples(betas=()):
             x = _distinct(rng, shape) if size == "small" else f32(2.0 * rng.standard_normal(shape))
             out.append(Sample({"x": x}, params, f"{size}-{i}"))
         return out
+
     return samples
 
 
@@ -661,50 +745,70 @@ def _max_pool_edges() -> list[Sample]:
     some_nan = 2.0 * rng.standard_normal((2, 2, 6, 6))
     some_nan[rng.random(some_nan.shape) < 0.3] = nan
     ties = np.round(rng.random((1, 2, 6, 6)))
-    return _pool_edges("max_pool", _common_pool_edges({}) + [
-        ("edge-ties-constant", np.ones((1, 2, 4, 4)), {"kernel": 2}),
-        ("edge-ties-overlapping", ties, {"kernel": 3, "stride": 1, "padding": 1}),
-        ("edge-all-nan-window", all_nan, {"kernel": 2}),
-        ("edge-nan-never-wins", some_nan, {"kernel": 3, "stride": 2, "padding": 1}),
-        ("edge-padding-never-wins", -1.0 - rng.random((1, 2, 5, 5)), {"kernel": 3, "stride": 2, "padding": 1}),
-        ("edge-infinities", np.array([[[-inf, -inf, 1.0, inf, -inf, nan, -inf]]]),
-         {"kernel": 2, "stride": 1, "padding": 1}),
-        ("edge-special", SPECIAL_NO_NEGATIVE_ZERO.reshape(1, 1, -1), {"kernel": 3, "stride": 1, "padding": 1}),
-    ])
+    return _pool_edges(
+        "max_pool",
+        _common_pool_edges({})
+        + [
+            ("edge-ties-constant", np.ones((1, 2, 4, 4)), {"kernel": 2}),
+            ("edge-ties-overlapping", ties, {"kernel": 3, "stride": 1, "padding": 1}),
+            ("edge-all-nan-window", all_nan, {"kernel": 2}),
+            ("edge-nan-never-wins", some_nan, {"kernel": 3, "stride": 2, "padding": 1}),
+            ("edge-padding-never-wins", -1.0 - rng.random((1, 2, 5, 5)), {"kernel": 3, "stride": 2, "padding": 1}),
+            (
+                "edge-infinities",
+                np.array([[[-inf, -inf, 1.0, inf, -inf, nan, -inf]]]),
+                {"kernel": 2, "stride": 1, "padding": 1},
+            ),
+            ("edge-special", SPECIAL_NO_NEGATIVE_ZERO.reshape(1, 1, -1), {"kernel": 3, "stride": 1, "padding": 1}),
+        ],
+    )
 
 
 def _avg_pool_edges() -> list[Sample]:
     rng = seeded_rng("avg_pool", "edge-values")
-    return _pool_edges("avg_pool", _common_pool_edges({}) + [
-        ("edge-border-windows", 1.0 + rng.random((1, 1, 5, 5)), {"kernel": 3, "stride": 2, "padding": 1}),
-        ("edge-same-sign-long", np.abs(rng.standard_normal((1, 1, 64, 64))), {"kernel": 32, "padding": 16}),
-    ])
+    return _pool_edges(
+        "avg_pool",
+        _common_pool_edges({})
+        + [
+            ("edge-border-windows", 1.0 + rng.random((1, 1, 5, 5)), {"kernel": 3, "stride": 2, "padding": 1}),
+            ("edge-same-sign-long", np.abs(rng.standard_normal((1, 1, 64, 64))), {"kernel": 32, "padding": 16}),
+        ],
+    )
 
 
 def _smooth_max_pool_edges() -> list[Sample]:
     rng = seeded_rng("smooth_max_pool", "edge-values")
     x = 3.0 * rng.standard_normal((2, 2, 6, 6))
-    return _pool_edges("smooth_max_pool", _common_pool_edges({"beta": 2.0}) + [
-        ("edge-beta-negative", x, {"kernel": 3, "stride": 2, "padding": 1, "beta": -3.0}),
-        ("edge-beta-50", x, {"kernel": 3, "stride": 1, "padding": 1, "beta": 50.0}),
-        ("edge-beta-50-negative", x, {"kernel": 2, "beta": -50.0}),
-        ("edge-beta-huge", x, {"kernel": 3, "stride": 1, "beta": 1e4}),
-        ("edge-beta-small", x, {"kernel": 3, "stride": 2, "beta": 1e-3}),
-        ("edge-constant-windows", np.full((1, 2, 4, 4), 0.7), {"kernel": 2, "beta": 5.0}),
-        ("edge-offset", 1e3 + rng.standard_normal((1, 2, 6, 6)), {"kernel": 3, "stride": 3, "beta": 4.0}),
-        ("edge-padding-all-negative", -1.0 - rng.random((1, 2, 5, 5)),
-         {"kernel": 3, "stride": 2, "padding": 1, "beta": 4.0}),
-    ])
+    return _pool_edges(
+        "smooth_max_pool",
+        _common_pool_edges({"beta": 2.0})
+        + [
+            ("edge-beta-negative", x, {"kernel": 3, "stride": 2, "padding": 1, "beta": -3.0}),
+            ("edge-beta-50", x, {"kernel": 3, "stride": 1, "padding": 1, "beta": 50.0}),
+            ("edge-beta-50-negative", x, {"kernel": 2, "beta": -50.0}),
+            ("edge-beta-huge", x, {"kernel": 3, "stride": 1, "beta": 1e4}),
+            ("edge-beta-small", x, {"kernel": 3, "stride": 2, "beta": 1e-3}),
+            ("edge-constant-windows", np.full((1, 2, 4, 4), 0.7), {"kernel": 2, "beta": 5.0}),
+            ("edge-offset", 1e3 + rng.standard_normal((1, 2, 6, 6)), {"kernel": 3, "stride": 3, "beta": 4.0}),
+            (
+                "edge-padding-all-negative",
+                -1.0 - rng.random((1, 2, 5, 5)),
+                {"kernel": 3, "stride": 2, "padding": 1, "beta": 4.0},
+            ),
+        ],
+    )
 
 
 def _pool_order_inputs(signed: bool, extra: dict):
     """One window over a whole row (3, 1, n) per order: the orders of order_terms, or for
     smooth_max_pool ln(terms) of the non-negative ones, whose exp(beta·(v − pivot)) with
     beta = 1 are 1 among many 2⁻²⁴."""
+
     def order_inputs() -> list[Sample]:
         rows = np.stack(list(order_terms(signed=signed).values()))
         x = (rows if signed else f32(np.log(rows)))[:, None, :]
         return [Sample({"x": x}, {"kernel": x.shape[-1], **extra}, "order-window", True)]
+
     return order_inputs
 
 
@@ -735,69 +839,129 @@ def _pool_errors(op: str, extra: dict):
 
     def errors() -> list[ErrorCase]:
         return [ErrorCase(Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
+
     return errors
 
 
-def _pool_spec(name: str, *, params, forward, vjp, magnitude, vjp_magnitude, error, vjp_error,
-               flops_per_cell: int, flops_per_output: int, samples, edges, errors, doc: str,
-               order_inputs=None, extra=None) -> OpSpec:
+def _pool_spec(
+    name: str,
+    *,
+    params,
+    forward,
+    vjp,
+    magnitude,
+    vjp_magnitude,
+    error,
+    vjp_error,
+    flops_per_cell: int,
+    flops_per_output: int,
+    samples,
+    edges,
+    errors,
+    doc: str,
+    order_inputs=None,
+    extra=None,
+) -> OpSpec:
     return OpSpec(
-        name=name, family="conv_pool", inputs=(Tensor("x", "(N, C, *spatial), spatial rank 1 to 3"),),
-        params=params, shape_rule="(N, C, *[(in + 2p - k)//s + 1, or 0])", shape=_pool_shape_rule(name),
-        forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=_pool_cost(name, flops_per_cell, flops_per_output),
-        samples=samples, edges=edges, errors=errors, order_inputs=order_inputs, doc=doc, extra=extra or {},
+        name=name,
+        family="conv_pool",
+        inputs=(Tensor("x", "(N, C, *spatial), spatial rank 1 to 3"),),
+        params=params,
+        shape_rule="(N, C, *[(in + 2p - k)//s + 1, or 0])",
+        shape=_pool_shape_rule(name),
+        forward=forward,
+        vjp=vjp,
+        magnitude=magnitude,
+        vjp_magnitude=vjp_magnitude,
+        error=error,
+        vjp_error=vjp_error,
+        cost=_pool_cost(name, flops_per_cell, flops_per_output),
+        samples=samples,
+        edges=edges,
+        errors=errors,
+        order_inputs=order_inputs,
+        doc=doc,
+        extra=extra or {},
     )
 
 
 POOL_PARAMS = (KERNEL, POOL_STRIDE, POOL_PADDING)
 
 MAX_POOL = _pool_spec(
-    "max_pool", params=POOL_PARAMS, forward=_max_pool, vjp=_max_pool_vjp,
+    "max_pool",
+    params=POOL_PARAMS,
+    forward=_max_pool,
+    vjp=_max_pool_vjp,
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _max_pool_vjp({"x": np.asarray(a["x"], np.float64)}, p, y, _abs(g)),
     error=Exact("a selection, no rounding"),
-    vjp_error=Accumulation(1, "each cell sums the cotangents of the windows that chose it: at most "
-                              "prod(ceil(k/s)) terms", _overlap),
-    flops_per_cell=1, flops_per_output=0, samples=_pool_samples(), edges=_max_pool_edges,
+    vjp_error=Accumulation(
+        1, "each cell sums the cotangents of the windows that chose it: at most prod(ceil(k/s)) terms", _overlap
+    ),
+    flops_per_cell=1,
+    flops_per_output=0,
+    samples=_pool_samples(),
+    edges=_max_pool_edges,
     errors=_pool_errors("max_pool", {}),
-    extra={"selection": MAX_SELECTION, "windows": max_pool_windows,
-           "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities"),
-           "no_order_inputs": "a selection sums nothing: the window traversal decides only the tie winner "
-                              "(selection.ties), and the gradient's few overlapping-window sums add drawn cotangents"},
+    extra={
+        "selection": MAX_SELECTION,
+        "windows": max_pool_windows,
+        "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities"),
+        "no_order_inputs": "a selection sums nothing: the window traversal decides only the tie winner "
+        "(selection.ties), and the gradient's few overlapping-window sums add drawn cotangents",
+    },
     doc="max_pool(x, kernel, stride=kernel, padding=0): max over each window's real cells (padding "
-        "never wins, NaN never wins, an all-NaN window gives NaN); the gradient goes to the first "
-        "maximum in window order.",
+    "never wins, NaN never wins, an all-NaN window gives NaN); the gradient goes to the first "
+    "maximum in window order.",
 )
 
 SMOOTH_MAX_POOL = _pool_spec(
-    "smooth_max_pool", params=(KERNEL, BETA, POOL_STRIDE, POOL_PADDING), forward=_smooth_max_pool, vjp=_smooth_max_pool_vjp,
-    magnitude=lambda a, p, y: _smooth_magnitude_terms(a, p)[0], vjp_magnitude=_smooth_vjp_magnitude,
-    error=Accumulation(8, "a K-term sum of exponentials (n = kernel volume); subtraction, product, expf "
-                          "(2 ulp), logf (1 ulp), division, addition, one spare", _volume),
-    vjp_error=Accumulation(8, "weights from the K-term sum (and y), then at most prod(ceil(k/s)) windows "
-                              "per cell: n = K + overlap", lambda s, p: _volume(s, p) + _overlap(s, p)),
+    "smooth_max_pool",
+    params=(KERNEL, BETA, POOL_STRIDE, POOL_PADDING),
+    forward=_smooth_max_pool,
+    vjp=_smooth_max_pool_vjp,
+    magnitude=lambda a, p, y: _smooth_magnitude_terms(a, p)[0],
+    vjp_magnitude=_smooth_vjp_magnitude,
+    error=Accumulation(
+        8,
+        "a K-term sum of exponentials (n = kernel volume); subtraction, product, expf "
+        "(2 ulp), logf (1 ulp), division, addition, one spare",
+        _volume,
+    ),
+    vjp_error=Accumulation(
+        8,
+        "weights from the K-term sum (and y), then at most prod(ceil(k/s)) windows per cell: n = K + overlap",
+        lambda s, p: _volume(s, p) + _overlap(s, p),
+    ),
     # Per cell: pivot comparison, subtraction, product, exp, addition; per window: log, division, addition.
-    flops_per_cell=5, flops_per_output=3,
-    samples=_pool_samples(betas=(2.0, -3.0, 4.0)), edges=_smooth_max_pool_edges,
+    flops_per_cell=5,
+    flops_per_output=3,
+    samples=_pool_samples(betas=(2.0, -3.0, 4.0)),
+    edges=_smooth_max_pool_edges,
     order_inputs=_pool_order_inputs(False, {"beta": 1.0}),
     errors=_pool_errors("smooth_max_pool", {"beta": 2.0}),
     doc="smooth_max_pool(x, kernel, beta, stride=kernel, padding=0): per window over all cells "
-        "(padding counted as 0), pivot + ln(sum exp(beta*(v - pivot)))/beta, pivot = max (beta > 0) "
-        "or min (beta < 0); no window-size correction.",
+    "(padding counted as 0), pivot + ln(sum exp(beta*(v - pivot)))/beta, pivot = max (beta > 0) "
+    "or min (beta < 0); no window-size correction.",
 )
 
 AVG_POOL = _pool_spec(
-    "avg_pool", params=POOL_PARAMS, forward=_avg_pool, vjp=_avg_pool_vjp,
+    "avg_pool",
+    params=POOL_PARAMS,
+    forward=_avg_pool,
+    vjp=_avg_pool_vjp,
     magnitude=lambda a, p, y: _avg_pool({"x": _abs(a["x"])}, p),
     vjp_magnitude=lambda a, p, y, g: _avg_pool_vjp({"x": _abs(a["x"])}, p, None, _abs(g)),
     error=Accumulation(2, "a K-term sum (n = kernel volume), then the division (or * 1/K: two roundings)", _volume),
     vjp_error=Accumulation(2, "g/K, summed over at most prod(ceil(k/s)) windows per cell", _overlap),
-    flops_per_cell=1, flops_per_output=0, samples=_pool_samples(), edges=_avg_pool_edges,
+    flops_per_cell=1,
+    flops_per_output=0,
+    samples=_pool_samples(),
+    edges=_avg_pool_edges,
     order_inputs=_pool_order_inputs(True, {}),
     errors=_pool_errors("avg_pool", {}),
     doc="avg_pool(x, kernel, stride=kernel, padding=0): sum of the window's real cells / kernel "
-        "volume (count-include-pad).",
+    "volume (count-include-pad).",
 )
 
 SPECS = (CONV, CONV_TRANSPOSE, MAX_POOL, SMOOTH_MAX_POOL, AVG_POOL)

@@ -43,14 +43,18 @@ def _normal_sample(shapes: dict, case: str, rng: np.random.Generator, worst_case
 
 def _sampler(sizes: dict):
     """samples(size, rng) drawing standard normal inputs of each shape set in sizes[size]."""
+
     def samples(size: str, rng: np.random.Generator) -> list[Sample]:
         return [_normal_sample(shapes, f"{size}-{i}", rng) for i, shapes in enumerate(sizes[size])]
+
     return samples
 
 
 def _errors(cases):
-    return lambda: [ErrorCase(Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
-                    for i, (shapes, e, m) in enumerate(cases)]
+    return lambda: [
+        ErrorCase(Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
+        for i, (shapes, e, m) in enumerate(cases)
+    ]
 
 
 def _order_rows() -> np.ndarray:
@@ -102,14 +106,18 @@ def _matmul_shape(shapes, params):
 def _matmul_cost(shapes, params):
     a, b = tuple(shapes["a"]), tuple(shapes["b"])
     batch, m, k, n = numel(a[:-2]), a[-2], a[-1], b[-1]
-    return Cost(bytes_read=4 * (numel(a) + numel(b)), bytes_written=4 * batch * m * n,
-                flops=2 * batch * m * n * k)  # one multiply and one add per term
+    return Cost(
+        bytes_read=4 * (numel(a) + numel(b)), bytes_written=4 * batch * m * n, flops=2 * batch * m * n * k
+    )  # one multiply and one add per term
 
 
 MATMUL_SIZES = {
     "small": ({"a": (3, 4), "b": (4, 5)}, {"a": (2, 3, 4), "b": (2, 4, 2)}, {"a": (1, 6), "b": (6, 3)}),
-    "medium": ({"a": (64, 129), "b": (129, 65)}, {"a": (3, 33, 65), "b": (3, 65, 17)},
-               {"a": (8, 4096), "b": (4096, 8)}),
+    "medium": (
+        {"a": (64, 129), "b": (129, 65)},
+        {"a": (3, 33, 65), "b": (3, 65, 17)},
+        {"a": (8, 4096), "b": (4096, 8)},
+    ),
     "large": ({"a": (1024, 1024), "b": (1024, 1024)}, {"a": (4, 512, 513), "b": (4, 513, 255)}),
 }
 
@@ -117,19 +125,28 @@ MATMUL_SIZES = {
 def _matmul_edges() -> list[Sample]:
     rng = seeded_rng("matmul", "edges")
     shape_cases = [
-        ({"a": (3, 0), "b": (0, 4)}, "edge-k0"), ({"a": (0, 5), "b": (5, 4)}, "edge-m0"),
-        ({"a": (3, 5), "b": (5, 0)}, "edge-n0"), ({"a": (0, 3, 4), "b": (0, 4, 2)}, "edge-batch0"),
-        ({"a": (2, 3, 0), "b": (2, 0, 4)}, "edge-batch-k0"), ({"a": (1, 1), "b": (1, 1)}, "edge-one"),
-        ({"a": (33, 65), "b": (65, 17)}, "edge-odd"), ({"a": (3, 5, 7), "b": (3, 7, 2)}, "edge-batch3"),
-        ({"a": (2, 3, 4, 5), "b": (2, 3, 5, 2)}, "edge-batch-2d"), ({"a": (1, 1, 1), "b": (1, 1, 1)}, "edge-one-batched"),
+        ({"a": (3, 0), "b": (0, 4)}, "edge-k0"),
+        ({"a": (0, 5), "b": (5, 4)}, "edge-m0"),
+        ({"a": (3, 5), "b": (5, 0)}, "edge-n0"),
+        ({"a": (0, 3, 4), "b": (0, 4, 2)}, "edge-batch0"),
+        ({"a": (2, 3, 0), "b": (2, 0, 4)}, "edge-batch-k0"),
+        ({"a": (1, 1), "b": (1, 1)}, "edge-one"),
+        ({"a": (33, 65), "b": (65, 17)}, "edge-odd"),
+        ({"a": (3, 5, 7), "b": (3, 7, 2)}, "edge-batch3"),
+        ({"a": (2, 3, 4, 5), "b": (2, 3, 5, 2)}, "edge-batch-2d"),
+        ({"a": (1, 1, 1), "b": (1, 1, 1)}, "edge-one-batched"),
     ]
     cases = [_normal_sample(s, c, rng, True) for s, c in shape_cases]
     same_sign = {"a": f32(np.abs(rng.standard_normal((2, 4096)))), "b": f32(np.abs(rng.standard_normal((4096, 3))))}
     tiny = {"a": f32(rng.standard_normal((3, 8)) * 1e-20), "b": f32(rng.standard_normal((8, 4)) * 1e-20)}
     special = _with_special({"a": (3, 4), "b": (4, 5)}, rng, "a", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)])
     long_k = {"a": f32(rng.standard_normal((2, 5000))), "b": f32(rng.standard_normal((5000, 3)))}
-    cases += [Sample(same_sign, {}, "edge-same-sign-k4096", True), Sample(tiny, {}, "edge-underflow", True),
-              Sample(special, {}, "edge-nan-inf", True), Sample(long_k, {}, "edge-k5000", True)]
+    cases += [
+        Sample(same_sign, {}, "edge-same-sign-k4096", True),
+        Sample(tiny, {}, "edge-underflow", True),
+        Sample(special, {}, "edge-nan-inf", True),
+        Sample(long_k, {}, "edge-k5000", True),
+    ]
     return cases
 
 
@@ -138,27 +155,38 @@ def _matmul_k(shapes, params):
 
 
 MATMUL = OpSpec(
-    name="matmul", family="linalg",
-    inputs=(Tensor("a", "(…, m, k)"), Tensor("b", "(…, k, n)")), params=(),
-    shape_rule="(…, m, n)", shape=_matmul_shape,
+    name="matmul",
+    family="linalg",
+    inputs=(Tensor("a", "(…, m, k)"), Tensor("b", "(…, k, n)")),
+    params=(),
+    shape_rule="(…, m, n)",
+    shape=_matmul_shape,
     forward=lambda x, p: np.matmul(x["a"], x["b"]),
     vjp=lambda x, p, y, g: {"a": np.matmul(g, _t(x["b"])), "b": np.matmul(_t(x["a"]), g)},
     magnitude=lambda x, p, y: np.matmul(_abs64(x["a"]), _abs64(x["b"])),
-    vjp_magnitude=lambda x, p, y, g: {"a": np.matmul(_abs64(g), _t(_abs64(x["b"]))),
-                                      "b": np.matmul(_t(_abs64(x["a"])), _abs64(g))},
+    vjp_magnitude=lambda x, p, y, g: {
+        "a": np.matmul(_abs64(g), _t(_abs64(x["b"]))),
+        "b": np.matmul(_t(_abs64(x["a"])), _abs64(g)),
+    },
     error=Accumulation(1, "k-term dot product per output: its roundings are inside gamma_k; one spare", _matmul_k),
-    vjp_error={"a": Accumulation(1, "g·bᵀ: n-term dot products (n = b's last axis)", lambda s, p: s["b"][-1]),
-               "b": Accumulation(1, "aᵀ·g: m-term dot products (m = a's rows, per batch)", lambda s, p: s["a"][-2])},
-    cost=_matmul_cost, samples=_sampler(MATMUL_SIZES), edges=_matmul_edges,
+    vjp_error={
+        "a": Accumulation(1, "g·bᵀ: n-term dot products (n = b's last axis)", lambda s, p: s["b"][-1]),
+        "b": Accumulation(1, "aᵀ·g: m-term dot products (m = a's rows, per batch)", lambda s, p: s["a"][-2]),
+    },
+    cost=_matmul_cost,
+    samples=_sampler(MATMUL_SIZES),
+    edges=_matmul_edges,
     order_inputs=_matmul_order_inputs,
-    errors=_errors([
-        ({"a": (3,), "b": (3, 2)}, ShapeError, r"a: must have rank >= 2"),
-        ({"a": (2, 3), "b": (3,)}, ShapeError, r"b: must have rank >= 2"),
-        ({"a": (2, 2, 3), "b": (3, 4)}, ShapeError, r"b: must have the rank of a \(3\)"),
-        ({"a": (2, 2, 3), "b": (3, 3, 4)}, ShapeError, r"b: batch shape \(3,\) must equal a's batch shape \(2,\)"),
-        ({"a": (2, 3), "b": (4, 5)}, ShapeError, r"b: must have k = 3 rows"),
-        ({"a": (2, 3)}, ShapeError, r"b: required input is missing"),
-    ]),
+    errors=_errors(
+        [
+            ({"a": (3,), "b": (3, 2)}, ShapeError, r"a: must have rank >= 2"),
+            ({"a": (2, 3), "b": (3,)}, ShapeError, r"b: must have rank >= 2"),
+            ({"a": (2, 2, 3), "b": (3, 4)}, ShapeError, r"b: must have the rank of a \(3\)"),
+            ({"a": (2, 2, 3), "b": (3, 3, 4)}, ShapeError, r"b: batch shape \(3,\) must equal a's batch shape \(2,\)"),
+            ({"a": (2, 3), "b": (4, 5)}, ShapeError, r"b: must have k = 3 rows"),
+            ({"a": (2, 3)}, ShapeError, r"b: required input is missing"),
+        ]
+    ),
     doc="matmul(a, b): batched product (..., m, k) x (..., k, n), equal batch shapes; k = 0 gives zeros.",
 )
 
@@ -190,8 +218,11 @@ def _linear_vjp(x, p, y, g):
 def _linear_vjp_magnitude(x, p, y, g):
     out, width = x["w"].shape
     g_rows = _rows(_abs64(g), out)
-    return {"x": np.matmul(_abs64(g), _abs64(x["w"])), "w": np.matmul(g_rows.T, _rows(_abs64(x["x"]), width)),
-            "b": np.sum(g_rows, axis=0)}
+    return {
+        "x": np.matmul(_abs64(g), _abs64(x["w"])),
+        "w": np.matmul(g_rows.T, _rows(_abs64(x["x"]), width)),
+        "b": np.sum(g_rows, axis=0),
+    }
 
 
 def _leading(shapes, params) -> int:
@@ -202,8 +233,11 @@ def _leading(shapes, params) -> int:
 def _linear_cost(shapes, params):
     x, w = tuple(shapes["x"]), tuple(shapes["w"])
     rows, (out, width) = numel(x[:-1]), w
-    return Cost(bytes_read=4 * (numel(x) + out * width + out), bytes_written=4 * rows * out,
-                flops=2 * rows * out * width + rows * out)  # the dot products, then the bias add
+    return Cost(
+        bytes_read=4 * (numel(x) + out * width + out),
+        bytes_written=4 * rows * out,
+        flops=2 * rows * out * width + rows * out,
+    )  # the dot products, then the bias add
 
 
 LINEAR_SIZES = {
@@ -216,48 +250,68 @@ LINEAR_SIZES = {
 def _linear_edges() -> list[Sample]:
     rng = seeded_rng("linear", "edges")
     shape_cases = [
-        ({"x": (0, 5), "w": (4, 5), "b": (4,)}, "edge-no-rows"), ({"x": (3, 0), "w": (4, 0), "b": (4,)}, "edge-in0"),
-        ({"x": (3, 5), "w": (0, 5), "b": (0,)}, "edge-out0"), ({"x": (1,), "w": (1, 1), "b": (1,)}, "edge-one"),
-        ({"x": (2, 3, 4, 5), "w": (6, 5), "b": (6,)}, "edge-leading-3"), ({"x": (33, 65), "w": (17, 65), "b": (17,)}, "edge-odd"),
+        ({"x": (0, 5), "w": (4, 5), "b": (4,)}, "edge-no-rows"),
+        ({"x": (3, 0), "w": (4, 0), "b": (4,)}, "edge-in0"),
+        ({"x": (3, 5), "w": (0, 5), "b": (0,)}, "edge-out0"),
+        ({"x": (1,), "w": (1, 1), "b": (1,)}, "edge-one"),
+        ({"x": (2, 3, 4, 5), "w": (6, 5), "b": (6,)}, "edge-leading-3"),
+        ({"x": (33, 65), "w": (17, 65), "b": (17,)}, "edge-odd"),
         ({"x": (2, 0, 5), "w": (3, 5), "b": (3,)}, "edge-empty-leading"),
     ]
     cases = [_normal_sample(s, c, rng, True) for s, c in shape_cases]
-    same_sign = {"x": f32(np.abs(rng.standard_normal((3, 4096)))), "w": f32(np.abs(rng.standard_normal((2, 4096)))),
-                 "b": f32([1.0, 2.0])}
-    special = _with_special({"x": (3, 4), "w": (5, 4), "b": (5,)}, rng, "x", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)])
+    same_sign = {
+        "x": f32(np.abs(rng.standard_normal((3, 4096)))),
+        "w": f32(np.abs(rng.standard_normal((2, 4096)))),
+        "b": f32([1.0, 2.0]),
+    }
+    special = _with_special(
+        {"x": (3, 4), "w": (5, 4), "b": (5,)}, rng, "x", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)]
+    )
     cases += [Sample(same_sign, {}, "edge-same-sign-in4096", True), Sample(special, {}, "edge-nan-inf", True)]
     # the paths of plans/linalg.py: 9-16 rows take the GEMV16 kernel, a long k over few tiles
     # split-K forward, many rows over a small weight split-K in dw
-    cases += [_normal_sample(s, c, rng, True) for s, c in (
-        ({"x": (12, 300), "w": (40, 300), "b": (40,)}, "edge-rows-12"),
-        ({"x": (33, 1024), "w": (17, 1024), "b": (17,)}, "edge-split-k"),
-        ({"x": (2048, 8), "w": (6, 8), "b": (6,)}, "edge-many-rows"))]
+    cases += [
+        _normal_sample(s, c, rng, True)
+        for s, c in (
+            ({"x": (12, 300), "w": (40, 300), "b": (40,)}, "edge-rows-12"),
+            ({"x": (33, 1024), "w": (17, 1024), "b": (17,)}, "edge-split-k"),
+            ({"x": (2048, 8), "w": (6, 8), "b": (6,)}, "edge-many-rows"),
+        )
+    ]
     return cases
 
 
 LINEAR = OpSpec(
-    name="linear", family="linalg",
-    inputs=(Tensor("x", "(…, in)"), Tensor("w", "(out, in)"), Tensor("b", "(out)")), params=(),
-    shape_rule="(…, out)", shape=_linear_shape,
+    name="linear",
+    family="linalg",
+    inputs=(Tensor("x", "(…, in)"), Tensor("w", "(out, in)"), Tensor("b", "(out)")),
+    params=(),
+    shape_rule="(…, out)",
+    shape=_linear_shape,
     forward=lambda x, p: np.matmul(x["x"], x["w"].T) + x["b"],
     vjp=_linear_vjp,
     magnitude=lambda x, p, y: np.matmul(_abs64(x["x"]), _abs64(x["w"]).T) + _abs64(x["b"]),
     vjp_magnitude=_linear_vjp_magnitude,
-    error=Accumulation(1, "(in + 1)-term sum per output, the bias included; one spare",
-                       lambda s, p: s["x"][-1] + 1),
-    vjp_error={"x": Accumulation(1, "g·w: out-term dot products", lambda s, p: s["w"][0]),
-               "w": Accumulation(1, "gᵀ·x: L-term sums over the leading axes", _leading),
-               "b": Accumulation(1, "Σ g: L-term sums over the leading axes", _leading)},
-    cost=_linear_cost, samples=_sampler(LINEAR_SIZES), edges=_linear_edges,
+    error=Accumulation(1, "(in + 1)-term sum per output, the bias included; one spare", lambda s, p: s["x"][-1] + 1),
+    vjp_error={
+        "x": Accumulation(1, "g·w: out-term dot products", lambda s, p: s["w"][0]),
+        "w": Accumulation(1, "gᵀ·x: L-term sums over the leading axes", _leading),
+        "b": Accumulation(1, "Σ g: L-term sums over the leading axes", _leading),
+    },
+    cost=_linear_cost,
+    samples=_sampler(LINEAR_SIZES),
+    edges=_linear_edges,
     order_inputs=_linear_order_inputs,
-    errors=_errors([
-        ({"x": (), "w": (3, 1), "b": (3,)}, ShapeError, r"x: must have rank >= 1"),
-        ({"x": (2, 3), "w": (3,), "b": (3,)}, ShapeError, r"w: must have rank 2"),
-        ({"x": (2, 3), "w": (4, 2), "b": (4,)}, ShapeError, r"w: must have in = 3 columns"),
-        ({"x": (2, 3), "w": (4, 3), "b": (3,)}, ShapeError, r"b: must have shape \(out,\) = \(4,\)"),
-        ({"x": (2, 3), "w": (4, 3), "b": (1, 4)}, ShapeError, r"b: must have shape \(out,\)"),
-        ({"x": (2, 3), "w": (4, 3)}, ShapeError, r"b: required input is missing"),
-    ]),
+    errors=_errors(
+        [
+            ({"x": (), "w": (3, 1), "b": (3,)}, ShapeError, r"x: must have rank >= 1"),
+            ({"x": (2, 3), "w": (3,), "b": (3,)}, ShapeError, r"w: must have rank 2"),
+            ({"x": (2, 3), "w": (4, 2), "b": (4,)}, ShapeError, r"w: must have in = 3 columns"),
+            ({"x": (2, 3), "w": (4, 3), "b": (3,)}, ShapeError, r"b: must have shape \(out,\) = \(4,\)"),
+            ({"x": (2, 3), "w": (4, 3), "b": (1, 4)}, ShapeError, r"b: must have shape \(out,\)"),
+            ({"x": (2, 3), "w": (4, 3)}, ShapeError, r"b: required input is missing"),
+        ]
+    ),
     doc="linear(x, w, b) = x @ w.T + b over any leading axes of x.",
 )
 
@@ -290,8 +344,10 @@ def _mse_vjp_magnitude(x, p, y, g):
 def _mse_edges() -> list[Sample]:
     rng = seeded_rng("mse_loss", "edges")
     pairs = [
-        (f32([0.75]), f32([-1.5]), "edge-one"), (f32(2.0), f32(0.5), "edge-rank0"),
-        (f32([NAN, 1.0]), f32([0.0, 1.0]), "edge-nan"), (f32([INF, 1.0]), f32([1.0, 2.0]), "edge-inf"),
+        (f32([0.75]), f32([-1.5]), "edge-one"),
+        (f32(2.0), f32(0.5), "edge-rank0"),
+        (f32([NAN, 1.0]), f32([0.0, 1.0]), "edge-nan"),
+        (f32([INF, 1.0]), f32([1.0, 2.0]), "edge-inf"),
         (f32([INF, 1.0]), f32([INF, 2.0]), "edge-inf-minus-inf"),
         (f32([1e-45, -1e-45, 1.1754942e-38]), f32([0.0, 1e-45, -0.0]), "edge-subnormal"),
         (f32([-0.0, 0.0]), f32([0.0, -0.0]), "edge-signed-zeros"),
@@ -299,9 +355,11 @@ def _mse_edges() -> list[Sample]:
     ]
     same = f32(rng.standard_normal((3, 37)))
     cases = [Sample({"pred": p, "target": t}, {}, c, True) for p, t, c in pairs]
-    cases += [Sample({"pred": same, "target": same.copy()}, {}, "edge-equal", True),
-              _normal_sample({"pred": (3, 37), "target": (3, 37)}, "edge-odd", rng, True),
-              _normal_sample({"pred": (100_003,), "target": (100_003,)}, "edge-long", rng, True)]
+    cases += [
+        Sample({"pred": same, "target": same.copy()}, {}, "edge-equal", True),
+        _normal_sample({"pred": (3, 37), "target": (3, 37)}, "edge-odd", rng, True),
+        _normal_sample({"pred": (100_003,), "target": (100_003,)}, "edge-long", rng, True),
+    ]
     return cases
 
 
@@ -322,25 +380,38 @@ def _mse_length(shapes, params) -> int:
 
 
 MSE_LOSS = OpSpec(
-    name="mse_loss", family="linalg",
-    inputs=(Tensor("pred", "(…)"), Tensor("target", "(…)")), params=(),
-    shape_rule="()", shape=_mse_shape, forward=_mse_forward,
+    name="mse_loss",
+    family="linalg",
+    inputs=(Tensor("pred", "(…)"), Tensor("target", "(…)")),
+    params=(),
+    shape_rule="()",
+    shape=_mse_shape,
+    forward=_mse_forward,
     vjp=_mse_vjp,
     magnitude=lambda x, p, y: np.asarray(np.mean(_abs64(x["pred"] - x["target"]) ** 2)),
     vjp_magnitude=_mse_vjp_magnitude,
-    error=Accumulation(5, "d = pred - target (u|d|, so 2u on d²), the square, the n-term sum inside "
-                          "gamma_n, the division, one spare", _mse_length),
+    error=Accumulation(
+        5,
+        "d = pred - target (u|d|, so 2u on d²), the square, the n-term sum inside gamma_n, the division, one spare",
+        _mse_length,
+    ),
     vjp_error=Accumulation(5, "d, 2/n, g·(2/n), the product: four roundings, one spare"),
-    cost=_mse_cost, samples=_sampler(MSE_SIZES), edges=_mse_edges,
+    cost=_mse_cost,
+    samples=_sampler(MSE_SIZES),
+    edges=_mse_edges,
     # squares are non-negative: pred = √terms (2¹², 1, …), target 0, one sample per order
-    order_inputs=lambda: [Sample({"pred": np.sqrt(t), "target": np.zeros_like(t)}, {}, f"order-{name}", True)
-                          for name, t in order_terms(signed=False).items()],
-    errors=_errors([
-        ({"pred": (0,), "target": (0,)}, ShapeError, r"pred: must have at least 1 element"),
-        ({"pred": (2, 0, 3), "target": (2, 0, 3)}, ShapeError, r"pred: must have at least 1 element"),
-        ({"pred": (2, 3), "target": (3, 2)}, ShapeError, r"target: must have the shape of pred \(2, 3\)"),
-        ({"pred": (2, 3)}, ShapeError, r"target: required input is missing"),
-    ]),
+    order_inputs=lambda: [
+        Sample({"pred": np.sqrt(t), "target": np.zeros_like(t)}, {}, f"order-{name}", True)
+        for name, t in order_terms(signed=False).items()
+    ],
+    errors=_errors(
+        [
+            ({"pred": (0,), "target": (0,)}, ShapeError, r"pred: must have at least 1 element"),
+            ({"pred": (2, 0, 3), "target": (2, 0, 3)}, ShapeError, r"pred: must have at least 1 element"),
+            ({"pred": (2, 3), "target": (3, 2)}, ShapeError, r"target: must have the shape of pred \(2, 3\)"),
+            ({"pred": (2, 3)}, ShapeError, r"target: required input is missing"),
+        ]
+    ),
     doc="mse_loss(pred, target) = mean((pred - target)^2), shape (); at least one element.",
 )
 

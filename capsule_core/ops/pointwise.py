@@ -46,6 +46,7 @@ HALVING = Exact("a selection, or g/2: one correctly rounded operation")
 
 def _samples(inputs: tuple[str, ...], draws: dict, params: dict):
     """Seeded sample inputs: `draws[size](rng, shape)` gives one float32 array of the op's domain."""
+
     def samples(size: str, rng: np.random.Generator) -> list[Sample]:
         pick = draws[size]
         out = []
@@ -53,6 +54,7 @@ def _samples(inputs: tuple[str, ...], draws: dict, params: dict):
             arrays = {n: f32(pick(rng, shape)) for n in inputs}
             out.append(Sample(arrays, dict(params), f"{size}-{i}"))
         return out
+
     return samples
 
 
@@ -68,6 +70,7 @@ def _log_uniform(lo: float, hi: float):
 def _edges(name: str, inputs: tuple[str, ...], params: dict, extra=()):
     """Empty, size 1, every special value, every pair of special values (binary), plus extras:
     `extra` holds (inputs, param overrides, case id) or a callable returning such a list."""
+
     def edges() -> list[Sample]:
         s = SPECIAL_VALUES
         cases = [
@@ -84,15 +87,30 @@ def _edges(name: str, inputs: tuple[str, ...], params: dict, extra=()):
         cases.append(Sample({n: f32(rng.standard_normal((3, 37))) for n in inputs}, dict(params), "edge-odd", True))
         more = extra() if callable(extra) else extra
         return cases + [Sample(inputs=x, params={**params, **p}, case=c, worst_case=True) for x, p, c in more]
+
     return edges
 
 
 def _common_errors(name: str, inputs: tuple[str, ...], params: dict):
-    errors = [ErrorCase(Sample({n: np.zeros(3, np.float32) for n in inputs[:-1]}, dict(params), "error-missing-input"),
-                       ShapeError, rf"{inputs[-1]}: required input is missing")]
+    errors = [
+        ErrorCase(
+            Sample({n: np.zeros(3, np.float32) for n in inputs[:-1]}, dict(params), "error-missing-input"),
+            ShapeError,
+            rf"{inputs[-1]}: required input is missing",
+        )
+    ]
     if len(inputs) == 2:
-        errors.append(ErrorCase(Sample({inputs[0]: np.zeros((2, 3), np.float32), inputs[1]: np.zeros((3, 2), np.float32)},
-                                       dict(params), "error-shape-mismatch"), ShapeError, rf"{inputs[1]}: must have the shape of {inputs[0]}"))
+        errors.append(
+            ErrorCase(
+                Sample(
+                    {inputs[0]: np.zeros((2, 3), np.float32), inputs[1]: np.zeros((3, 2), np.float32)},
+                    dict(params),
+                    "error-shape-mismatch",
+                ),
+                ShapeError,
+                rf"{inputs[1]}: must have the shape of {inputs[0]}",
+            )
+        )
     return errors
 
 
@@ -106,13 +124,31 @@ def _same_shape(name: str, inputs: tuple[str, ...]):
         for n in inputs[1:]:
             require_same_shape(name, n, shapes[n], inputs[0], shapes[inputs[0]])
         return tuple(shapes[inputs[0]])
+
     return shape
 
 
-def pointwise(name: str, *, inputs: tuple[str, ...], forward, vjp, magnitude, vjp_magnitude,
-              error, vjp_error, flops: int, params: tuple[Param, ...] = (), draw=_normal(),
-              small_draw=None, large_draw=None, sample_params: dict | None = None, extra_edges=(),
-              extra_errors=(), check_params=None, doc: str = "") -> OpSpec:
+def pointwise(
+    name: str,
+    *,
+    inputs: tuple[str, ...],
+    forward,
+    vjp,
+    magnitude,
+    vjp_magnitude,
+    error,
+    vjp_error,
+    flops: int,
+    params: tuple[Param, ...] = (),
+    draw=_normal(),
+    small_draw=None,
+    large_draw=None,
+    sample_params: dict | None = None,
+    extra_edges=(),
+    extra_errors=(),
+    check_params=None,
+    doc: str = "",
+) -> OpSpec:
     """The family factory. `flops` counts floating-point operations per element (cost model;
     a library function counts as one); `check_params(params)` raises ParamError for range
     rules beyond the generic type check. `draw` makes the medium samples and, unless given their
@@ -132,13 +168,22 @@ def pointwise(name: str, *, inputs: tuple[str, ...], forward, vjp, magnitude, vj
         return Cost(bytes_read=4 * n * len(inputs), bytes_written=4 * n, flops=flops * n)
 
     return OpSpec(
-        name=name, family="pointwise",
-        inputs=tuple(Tensor(n, "(…)") for n in inputs), params=params,
-        shape_rule=f"shape of {inputs[0]}", shape=shape,
-        forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=cost,
-        samples=_samples(inputs, {"small": small_draw or draw, "medium": draw, "large": large_draw or draw},
-                         sample_params),
+        name=name,
+        family="pointwise",
+        inputs=tuple(Tensor(n, "(…)") for n in inputs),
+        params=params,
+        shape_rule=f"shape of {inputs[0]}",
+        shape=shape,
+        forward=forward,
+        vjp=vjp,
+        magnitude=magnitude,
+        vjp_magnitude=vjp_magnitude,
+        error=error,
+        vjp_error=vjp_error,
+        cost=cost,
+        samples=_samples(
+            inputs, {"small": small_draw or draw, "medium": draw, "large": large_draw or draw}, sample_params
+        ),
         edges=_edges(name, inputs, sample_params, extra_edges),
         errors=lambda: _common_errors(name, inputs, sample_params) + [e() for e in extra_errors],
         doc=doc,
@@ -160,12 +205,15 @@ def _as_float32_result(y):
 # -- relu: x if x > 0 else 0 (NaN → 0, −0 → +0); relu′(0) = 0 ------------------------------
 
 RELU = pointwise(
-    "relu", inputs=("x",),
+    "relu",
+    inputs=("x",),
     forward=lambda a, p: np.where(a["x"] > 0, a["x"], 0.0).astype(a["x"].dtype),
     vjp=lambda a, p, y, g: {"x": np.where(a["x"] > 0, g, 0.0).astype(g.dtype)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=np.where(a["x"] > 0, g, 0.0)),
-    error=Exact("a selection, no rounding"), vjp_error=Exact("a selection, no rounding"), flops=1,
+    error=Exact("a selection, no rounding"),
+    vjp_error=Exact("a selection, no rounding"),
+    flops=1,
     doc="relu(x) = x if x > 0 else 0; NaN -> 0, -0 -> +0; relu'(0) = 0.",
 )
 
@@ -199,7 +247,7 @@ def _gelu_magnitude(a, p, y):
     the tanh argument's rounding error carried through tanh′ = 1 − t²."""
     ax = np.abs(a["x"])
     t = _gelu_t(a["x"])
-    return 0.5 * ax * (1.0 + np.abs(t)) + 0.5 * ax * (1.0 - t * t) * GELU_K * (ax + GELU_A * ax ** 3)
+    return 0.5 * ax * (1.0 + np.abs(t)) + 0.5 * ax * (1.0 - t * t) * GELU_K * (ax + GELU_A * ax**3)
 
 
 def _gelu_vjp_magnitude(a, p, y, g):
@@ -214,71 +262,94 @@ def _gelu_vjp_magnitude(a, p, y, g):
     at = np.abs(t)
     sech2 = 1.0 - t * t
     poly = GELU_K * (1.0 + 3.0 * GELU_A * ax * ax)
-    arg = GELU_K * (ax + GELU_A * ax ** 3)
+    arg = GELU_K * (ax + GELU_A * ax**3)
     m = 0.5 * (1.0 + at) + 0.5 * ax * (1.0 + t * t) * poly + (0.5 + ax * at * poly) * sech2 * arg
     return {"x": np.abs(g) * np.where(sech2 > 0, m, 0.5 * (1.0 + at))}
 
 
 GELU = pointwise(
-    "gelu", inputs=("x",), forward=_gelu_forward, vjp=_gelu_vjp,
-    magnitude=_gelu_magnitude, vjp_magnitude=_gelu_vjp_magnitude,
+    "gelu",
+    inputs=("x",),
+    forward=_gelu_forward,
+    vjp=_gelu_vjp,
+    magnitude=_gelu_magnitude,
+    vjp_magnitude=_gelu_vjp_magnitude,
     error=Accumulation(12, "x³ (2), ·a, +x, ·√(2/π), tanhf (4), 1 + t, the product: 11; design §4's k"),
-    vjp_error=Accumulation(20, "the tanh argument and tanhf (9), 1 - t² (2), the polynomial (4), "
-                                "3 products, 1 + t, the sum, ·g: 20"),
-    flops=9, draw=_normal(3.0),
-    extra_edges=[(dict(x=f32([-1e30, -1e20, -100.0, -10.0, -5.0, -1e-3, 1e-3, 5.0, 10.0, 100.0, 1e20, 1e30])),
-                  {}, "edge-large")],
+    vjp_error=Accumulation(
+        20, "the tanh argument and tanhf (9), 1 - t² (2), the polynomial (4), 3 products, 1 + t, the sum, ·g: 20"
+    ),
+    flops=9,
+    draw=_normal(3.0),
+    extra_edges=[
+        (dict(x=f32([-1e30, -1e20, -100.0, -10.0, -5.0, -1e-3, 1e-3, 5.0, 10.0, 100.0, 1e20, 1e30])), {}, "edge-large")
+    ],
     doc="gelu(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (tanh approximation; the literal formula "
-        "gives gelu(-inf) = NaN).",
+    "gives gelu(-inf) = NaN).",
 )
 
 # -- add: x + y ------------------------------------------------------------------------------
 
 ADD = pointwise(
-    "add", inputs=("x", "y"),
+    "add",
+    inputs=("x", "y"),
     forward=lambda a, p: a["x"] + a["y"],
     vjp=lambda a, p, y, g: {"x": g.copy(), "y": g.copy()},
     magnitude=lambda a, p, y: np.abs(a["x"]) + np.abs(a["y"]),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g, y=g),
-    error=EXACT, vjp_error=Exact("a copy"), flops=1,
+    error=EXACT,
+    vjp_error=Exact("a copy"),
+    flops=1,
     doc="add(x, y) = x + y, correctly rounded.",
 )
 
 # -- sub: x − y ------------------------------------------------------------------------------
 
 SUB = pointwise(
-    "sub", inputs=("x", "y"),
+    "sub",
+    inputs=("x", "y"),
     forward=lambda a, p: a["x"] - a["y"],
     vjp=lambda a, p, y, g: {"x": g.copy(), "y": -g},
     magnitude=lambda a, p, y: np.abs(a["x"]) + np.abs(a["y"]),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g, y=g),
-    error=EXACT, vjp_error=Exact("a copy and a sign change"), flops=1,
+    error=EXACT,
+    vjp_error=Exact("a copy and a sign change"),
+    flops=1,
     doc="sub(x, y) = x - y, correctly rounded.",
 )
 
 # -- mul: x·y --------------------------------------------------------------------------------
 
 MUL = pointwise(
-    "mul", inputs=("x", "y"),
+    "mul",
+    inputs=("x", "y"),
     forward=lambda a, p: a["x"] * a["y"],
     vjp=lambda a, p, y, g: {"x": g * a["y"], "y": g * a["x"]},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g * a["y"], y=g * a["x"]),
-    error=EXACT, vjp_error=Exact("g·y and g·x: one correctly rounded product each"), flops=1,
+    error=EXACT,
+    vjp_error=Exact("g·y and g·x: one correctly rounded product each"),
+    flops=1,
     doc="mul(x, y) = x*y, correctly rounded.",
 )
 
 # -- scale: c·x ------------------------------------------------------------------------------
 
 SCALE = pointwise(
-    "scale", inputs=("x",), params=(Param("c", "float", doc="the constant factor"),),
+    "scale",
+    inputs=("x",),
+    params=(Param("c", "float", doc="the constant factor"),),
     forward=lambda a, p: p["c"] * a["x"],
     vjp=lambda a, p, y, g: {"x": p["c"] * g},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=p["c"] * g),
-    error=EXACT, vjp_error=EXACT, flops=1, sample_params={"c": -1.75},
-    extra_errors=(_param_error({"c": float("nan")}, "error-c-nan", r"c: must be finite"),
-                  _param_error({}, "error-c-missing", r"c: required parameter is missing")),
+    error=EXACT,
+    vjp_error=EXACT,
+    flops=1,
+    sample_params={"c": -1.75},
+    extra_errors=(
+        _param_error({"c": float("nan")}, "error-c-nan", r"c: must be finite"),
+        _param_error({}, "error-c-missing", r"c: required parameter is missing"),
+    ),
     doc="scale(x, c) = c*x with c rounded to float32.",
 )
 
@@ -291,12 +362,15 @@ def _sign_times(x, g):
 
 
 ABS = pointwise(
-    "abs", inputs=("x",),
+    "abs",
+    inputs=("x",),
     forward=lambda a, p: np.abs(a["x"]),
     vjp=lambda a, p, y, g: {"x": _sign_times(a["x"], g)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=_sign_times(a["x"], g)),
-    error=SELECTION, vjp_error=SELECTION, flops=1,
+    error=SELECTION,
+    vjp_error=SELECTION,
+    flops=1,
     doc="abs(x) = |x| (-0 -> +0); abs'(x) = sign(x) with sign(0) = sign(NaN) = 0.",
 )
 
@@ -309,14 +383,17 @@ def _sqrt_vjp(a, p, y, g):
 
 
 SQRT = pointwise(
-    "sqrt", inputs=("x",),
+    "sqrt",
+    inputs=("x",),
     forward=lambda a, p: np.sqrt(a["x"]),
     vjp=_sqrt_vjp,
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(**_sqrt_vjp(a, p, y, g)),
     error=EXACT,
     vjp_error=Accumulation(5, "sqrtf and the division (2), or rsqrtf (4) and ·g"),
-    flops=1, draw=_log_uniform(1.0 / 16, 16.0), small_draw=_log_uniform(0.25, 4.0),
+    flops=1,
+    draw=_log_uniform(1.0 / 16, 16.0),
+    small_draw=_log_uniform(0.25, 4.0),
     large_draw=_log_uniform(1e-6, 1e6),
     extra_edges=[(dict(x=f32([4.0, 2.0, 1e-30, 1e-40, 1e30, 3.4028235e38, -4.0, -1e-30])), {}, "edge-range")],
     doc="sqrt(x), correctly rounded; x < 0 -> NaN, -0 -> -0; sqrt'(x) = 1/(2 sqrt x) for x > 0, else 0.",
@@ -345,6 +422,7 @@ def _selection_vjp(x_wins, y_wins, g):
 
 def _tie_edges(name: str):
     """Ties (x == y, including ±0 against ∓0) and NaN in either input, at an odd size."""
+
     def extra():
         rng = seeded_rng(name, "edge-ties")
         x = f32(np.round(rng.standard_normal((5, 41)) * 4) / 4)
@@ -356,26 +434,35 @@ def _tie_edges(name: str):
         x[1, rng.random(41) < 0.3] = np.nan
         y[2, rng.random(41) < 0.3] = np.nan
         return [({"x": x, "y": y}, {}, "edge-ties")]
+
     return extra
 
 
 MAX = pointwise(
-    "max", inputs=("x", "y"),
+    "max",
+    inputs=("x", "y"),
     forward=lambda a, p: _maximum(a["x"], a["y"]),
     vjp=lambda a, p, y, g: _selection_vjp(a["x"] > a["y"], a["y"] > a["x"], g),
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(**_selection_vjp(a["x"] > a["y"], a["y"] > a["x"], g)),
-    error=SELECTION, vjp_error=HALVING, flops=1, extra_edges=_tie_edges("max"),
+    error=SELECTION,
+    vjp_error=HALVING,
+    flops=1,
+    extra_edges=_tie_edges("max"),
     doc="max(x, y) = fmax (the non-NaN one if one is NaN; max(+0, -0) = +0); ties and NaN split g.",
 )
 
 MIN = pointwise(
-    "min", inputs=("x", "y"),
+    "min",
+    inputs=("x", "y"),
     forward=lambda a, p: _minimum(a["x"], a["y"]),
     vjp=lambda a, p, y, g: _selection_vjp(a["x"] < a["y"], a["y"] < a["x"], g),
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(**_selection_vjp(a["x"] < a["y"], a["y"] < a["x"], g)),
-    error=SELECTION, vjp_error=HALVING, flops=1, extra_edges=_tie_edges("min"),
+    error=SELECTION,
+    vjp_error=HALVING,
+    flops=1,
+    extra_edges=_tie_edges("min"),
     doc="min(x, y) = fmin (the non-NaN one if one is NaN; min(+0, -0) = -0); ties and NaN split g.",
 )
 
@@ -397,25 +484,34 @@ def _clamp_edges():
     lo, hi = f32(-1.0), f32(1.5)
     near = [np.nextafter(v, d) for v in (lo, hi) for d in (f32(-np.inf), f32(np.inf))]
     x = f32([lo, hi, *near, np.nan, np.inf, -np.inf, 0.0, -0.0, 0.25, lo, hi])
-    return [({"x": x}, {}, "edge-at-bounds"),
-            ({"x": x}, {"lo": 0.5, "hi": 0.5}, "edge-lo-equals-hi"),
-            ({"x": x}, {"lo": -0.0, "hi": 0.0}, "edge-signed-zero-bounds")]
+    return [
+        ({"x": x}, {}, "edge-at-bounds"),
+        ({"x": x}, {"lo": 0.5, "hi": 0.5}, "edge-lo-equals-hi"),
+        ({"x": x}, {"lo": -0.0, "hi": 0.0}, "edge-signed-zero-bounds"),
+    ]
 
 
 CLAMP = pointwise(
-    "clamp", inputs=("x",),
+    "clamp",
+    inputs=("x",),
     params=(Param("lo", "float", doc="lower bound"), Param("hi", "float", doc="upper bound, >= lo")),
     forward=lambda a, p: _minimum(_maximum(a["x"], p["lo"]), p["hi"]),
     vjp=_clamp_vjp,
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(**_clamp_vjp(a, p, y, g)),
-    error=SELECTION, vjp_error=SELECTION, flops=2, check_params=_check_clamp,
-    sample_params={"lo": -1.0, "hi": 1.5}, extra_edges=_clamp_edges(),
-    extra_errors=(_param_error({"lo": 2.0, "hi": 1.0}, "error-lo-above-hi", r"hi: must be >= lo"),
-                  _param_error({"hi": 1.0}, "error-lo-missing", r"lo: required parameter is missing"),
-                  _param_error({"lo": float("nan"), "hi": 1.0}, "error-lo-nan", r"lo: must be finite")),
+    error=SELECTION,
+    vjp_error=SELECTION,
+    flops=2,
+    check_params=_check_clamp,
+    sample_params={"lo": -1.0, "hi": 1.5},
+    extra_edges=_clamp_edges(),
+    extra_errors=(
+        _param_error({"lo": 2.0, "hi": 1.0}, "error-lo-above-hi", r"hi: must be >= lo"),
+        _param_error({"hi": 1.0}, "error-lo-missing", r"lo: required parameter is missing"),
+        _param_error({"lo": float("nan"), "hi": 1.0}, "error-lo-nan", r"lo: must be finite"),
+    ),
     doc="clamp(x, lo, hi) = min(max(x, lo), hi) with lo <= hi (else an error); NaN -> lo; "
-        "the gradient passes only strictly inside (lo, hi).",
+    "the gradient passes only strictly inside (lo, hi).",
 )
 
 # -- sigmoid: 1/(1 + e^(−x)), stable; grad g·y·(1 − y) ---------------------------------------
@@ -432,30 +528,41 @@ SIGMOID_K = 6
 """expf (4), 1 + e, the division: relative to the result in either form (e/(1 + e) ≤ 1)."""
 
 SIGMOID = pointwise(
-    "sigmoid", inputs=("x",),
+    "sigmoid",
+    inputs=("x",),
     forward=lambda a, p: _sigmoid(a["x"]),
     vjp=lambda a, p, y, g: {"x": g * y * (1.0 - y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(y) * (1.0 + np.abs(y))},
     error=Accumulation(SIGMOID_K, "expf (4), 1 + e, the division; e's error reaches y damped by e/(1 + e)"),
     vjp_error=Accumulation(SIGMOID_K + 3, "y's 6, 1 - y, two products"),
-    flops=3, draw=_normal(6.0), small_draw=_normal(3.0),
-    extra_edges=[(dict(x=f32([-1e4, -200.0, -104.0, -88.0, -20.0, -1e-30, 1e-30, 20.0, 88.0, 104.0, 200.0, 1e4])),
-                  {}, "edge-saturation")],
+    flops=3,
+    draw=_normal(6.0),
+    small_draw=_normal(3.0),
+    extra_edges=[
+        (
+            dict(x=f32([-1e4, -200.0, -104.0, -88.0, -20.0, -1e-30, 1e-30, 20.0, 88.0, 104.0, 200.0, 1e4])),
+            {},
+            "edge-saturation",
+        )
+    ],
     doc="sigmoid(x) = 1/(1 + e^-x), computed stably: no NaN for finite x.",
 )
 
 # -- tanh: saturating; grad g·(1 − y²) ------------------------------------------------------------
 
 TANH = pointwise(
-    "tanh", inputs=("x",),
+    "tanh",
+    inputs=("x",),
     forward=lambda a, p: np.tanh(a["x"]),
     vjp=lambda a, p, y, g: {"x": g * (1.0 - y * y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * (1.0 + y * y)},
     error=Accumulation(4, "tanhf (2 ulp)"),
     vjp_error=Accumulation(11, "tanhf's 4 doubled by y², the square, 1 - y², the product"),
-    flops=1, draw=_normal(4.0), small_draw=_normal(2.0),
+    flops=1,
+    draw=_normal(4.0),
+    small_draw=_normal(2.0),
     extra_edges=[(dict(x=f32([-100.0, -10.0, -1e-3, -1e-20, 1e-20, 1e-3, 10.0, 100.0, 1e30])), {}, "edge-saturation")],
     doc="tanh(x), saturating to +-1 (tanh(+-100) = +-1).",
 )
@@ -478,33 +585,67 @@ SOFTPLUS_K = 8
 """expf (4), 1 + e, logf or log1pf (2), the final sum."""
 
 SOFTPLUS = pointwise(
-    "softplus", inputs=("x",),
+    "softplus",
+    inputs=("x",),
     forward=lambda a, p: _softplus(a["x"]),
     vjp=lambda a, p, y, g: {"x": g * _sigmoid(a["x"])},
     magnitude=lambda a, p, y: _softplus_magnitude(a["x"]),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * _sigmoid(a["x"])},
     error=Accumulation(SOFTPLUS_K, "expf (4), 1 + e, logf or log1pf (2), the sum"),
     vjp_error=Accumulation(SIGMOID_K + 1, "sigmoid's 6, the product"),
-    flops=4, draw=_normal(6.0), small_draw=_normal(3.0),
-    extra_edges=[(dict(x=f32([-1e4, -104.0, -88.0, -30.0, -17.0, -1e-30, 1e-30, 2.0, 5.0, 6.0, 8.0, 10.0, 12.0, 17.0,
-                              30.0, 88.0, 1e4, 1e30])),
-                  {}, "edge-range")],
+    flops=4,
+    draw=_normal(6.0),
+    small_draw=_normal(3.0),
+    extra_edges=[
+        (
+            dict(
+                x=f32(
+                    [
+                        -1e4,
+                        -104.0,
+                        -88.0,
+                        -30.0,
+                        -17.0,
+                        -1e-30,
+                        1e-30,
+                        2.0,
+                        5.0,
+                        6.0,
+                        8.0,
+                        10.0,
+                        12.0,
+                        17.0,
+                        30.0,
+                        88.0,
+                        1e4,
+                        1e30,
+                    ]
+                )
+            ),
+            {},
+            "edge-range",
+        )
+    ],
     doc="softplus(x) = max(x, 0) + log(1 + e^-|x|), no threshold switch; softplus' = sigmoid.",
 )
 
 # -- exp: eˣ; grad g·eˣ -------------------------------------------------------------------------
 
 EXP = pointwise(
-    "exp", inputs=("x",),
+    "exp",
+    inputs=("x",),
     forward=lambda a, p: np.exp(a["x"]),
     vjp=lambda a, p, y, g: {"x": g * _as_float32_result(y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(y)},
     error=Accumulation(4, "expf (2 ulp)"),
     vjp_error=Accumulation(5, "expf (4), the product"),
-    flops=1, draw=_normal(3.0), small_draw=_normal(1.5),
-    extra_edges=[(dict(x=f32([-200.0, -104.0, -100.0, -88.0, -1e-30, 1e-30, 80.0, 88.0, 89.0, 100.0, 200.0])),
-                  {}, "edge-range")],
+    flops=1,
+    draw=_normal(3.0),
+    small_draw=_normal(1.5),
+    extra_edges=[
+        (dict(x=f32([-200.0, -104.0, -100.0, -88.0, -1e-30, 1e-30, 80.0, 88.0, 89.0, 100.0, 200.0])), {}, "edge-range")
+    ],
     doc="exp(x); beyond float32's range +inf (as every float32 kernel gives).",
 )
 
@@ -514,27 +655,31 @@ TRIG_EDGE = f32([np.pi / 2, np.pi, 2 * np.pi, -np.pi, 1e-30, 100.0, 1e4, 71476.0
 """Near the zeros of sin and cos, and large arguments (the full range reduction)."""
 
 SIN = pointwise(
-    "sin", inputs=("x",),
+    "sin",
+    inputs=("x",),
     forward=lambda a, p: np.sin(a["x"]),
     vjp=lambda a, p, y, g: {"x": g * np.cos(a["x"])},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(np.cos(a["x"]))},
     error=Accumulation(4, "sinf (2 ulp over the full range)"),
     vjp_error=Accumulation(5, "cosf (4), the product"),
-    flops=1, draw=_normal(30.0),
+    flops=1,
+    draw=_normal(30.0),
     extra_edges=[(dict(x=TRIG_EDGE), {}, "edge-range")],
     doc="sin(x), x in radians.",
 )
 
 COS = pointwise(
-    "cos", inputs=("x",),
+    "cos",
+    inputs=("x",),
     forward=lambda a, p: np.cos(a["x"]),
     vjp=lambda a, p, y, g: {"x": -g * np.sin(a["x"])},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(np.sin(a["x"]))},
     error=Accumulation(4, "cosf (2 ulp over the full range)"),
     vjp_error=Accumulation(5, "sinf (4), the product"),
-    flops=1, draw=_normal(30.0),
+    flops=1,
+    draw=_normal(30.0),
     extra_edges=[(dict(x=TRIG_EDGE), {}, "edge-range")],
     doc="cos(x), x in radians.",
 )
@@ -542,17 +687,40 @@ COS = pointwise(
 # -- log: ln x (0 → −inf, x < 0 → NaN); grad g/x ---------------------------------------------------
 
 LOG = pointwise(
-    "log", inputs=("x",),
+    "log",
+    inputs=("x",),
     forward=lambda a, p: np.log(a["x"]),
     vjp=lambda a, p, y, g: {"x": g / a["x"]},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g / a["x"]),
     error=Accumulation(2, "logf (1 ulp over the full range, relative to the result even near x = 1)"),
     vjp_error=Exact("g/x: one correctly rounded division"),
-    flops=1, draw=_log_uniform(1.0 / 16, 16.0), small_draw=_log_uniform(0.25, 4.0),
+    flops=1,
+    draw=_log_uniform(1.0 / 16, 16.0),
+    small_draw=_log_uniform(0.25, 4.0),
     large_draw=_log_uniform(1e-6, 1e6),
-    extra_edges=[(dict(x=f32([1.0, np.nextafter(f32(1), f32(2)), np.nextafter(f32(1), f32(0)), 1.0001, 0.9999,
-                              1e-30, 1e-40, 1e30, 3.4028235e38, -2.0])), {}, "edge-near-one")],
+    extra_edges=[
+        (
+            dict(
+                x=f32(
+                    [
+                        1.0,
+                        np.nextafter(f32(1), f32(2)),
+                        np.nextafter(f32(1), f32(0)),
+                        1.0001,
+                        0.9999,
+                        1e-30,
+                        1e-40,
+                        1e30,
+                        3.4028235e38,
+                        -2.0,
+                    ]
+                )
+            ),
+            {},
+            "edge-near-one",
+        )
+    ],
     doc="log(x) = ln x; 0 -> -inf, x < 0 -> NaN (no guard); log'(x) = 1/x.",
 )
 
@@ -565,14 +733,17 @@ def _inv_vjp(a, p, y, g):
 
 
 INV = pointwise(
-    "inv", inputs=("x",),
+    "inv",
+    inputs=("x",),
     forward=lambda a, p: 1.0 / a["x"],
     vjp=_inv_vjp,
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) / (a["x"] * a["x"])},
     error=EXACT,
     vjp_error=Accumulation(4, "x² and the division (2), or 1/x doubled by squaring, the square, ·g (4)"),
-    flops=1, draw=_log_uniform(1.0 / 16, 16.0), small_draw=_log_uniform(0.25, 4.0),
+    flops=1,
+    draw=_log_uniform(1.0 / 16, 16.0),
+    small_draw=_log_uniform(0.25, 4.0),
     large_draw=_log_uniform(1e-6, 1e6),
     extra_edges=[(dict(x=f32([3.0, -3.0, 1e-10, -1e-10, 1e10, 1e19, 1e20, 3e-39, 1e30])), {}, "edge-range")],
     doc="inv(x) = 1/x, correctly rounded; +-0 -> +-inf; inv'(x) = -1/x^2 (+-inf beyond float32's range).",
@@ -603,26 +774,55 @@ def _safe_log_relative(x, eps):
 
 
 SAFE_LOG = pointwise(
-    "safe_log", inputs=("x",),
+    "safe_log",
+    inputs=("x",),
     params=(Param("eps", "float", default=1e-6, doc="added to softplus(x), > 0"),),
-    forward=_safe_log_forward, vjp=_safe_log_vjp,
+    forward=_safe_log_forward,
+    vjp=_safe_log_vjp,
     magnitude=lambda a, p, y: np.abs(y) + _safe_log_relative(a["x"], p["eps"]),
     vjp_magnitude=lambda a, p, y, g: {
-        "x": np.abs(_safe_log_vjp(a, p, y, g)["x"]) * (1.0 + _safe_log_relative(a["x"], p["eps"]))},
+        "x": np.abs(_safe_log_vjp(a, p, y, g)["x"]) * (1.0 + _safe_log_relative(a["x"], p["eps"]))
+    },
     error=Accumulation(SOFTPLUS_K + 3, "softplus's 8, + eps, logf (2)"),
     vjp_error=Accumulation(SIGMOID_K + SOFTPLUS_K + 3, "sigmoid's 6, softplus's 8, + eps, the division, ·g"),
-    flops=6, check_params=_check_eps, draw=_normal(6.0), small_draw=_normal(3.0),
-    extra_edges=[(dict(x=f32([-1e4, -104.0, -30.0, -14.0, -1.0, 0.0, -0.0, 1.0, 14.0, 30.0, 1e4, 1e30])),
-                  {}, "edge-range"),
-                 (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 0.5}, "edge-eps-large"),
-                 (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 1e-40}, "edge-eps-subnormal")],
-    extra_errors=(_param_error({"eps": 0.0}, "error-eps-zero", r"eps: must be > 0"),
-                  _param_error({"eps": -1e-6}, "error-eps-negative", r"eps: must be > 0"),
-                  _param_error({"eps": 1e-50}, "error-eps-underflows", r"eps: must be > 0"),
-                  _param_error({"eps": float("inf")}, "error-eps-inf", r"eps: must be finite")),
+    flops=6,
+    check_params=_check_eps,
+    draw=_normal(6.0),
+    small_draw=_normal(3.0),
+    extra_edges=[
+        (dict(x=f32([-1e4, -104.0, -30.0, -14.0, -1.0, 0.0, -0.0, 1.0, 14.0, 30.0, 1e4, 1e30])), {}, "edge-range"),
+        (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 0.5}, "edge-eps-large"),
+        (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 1e-40}, "edge-eps-subnormal"),
+    ],
+    extra_errors=(
+        _param_error({"eps": 0.0}, "error-eps-zero", r"eps: must be > 0"),
+        _param_error({"eps": -1e-6}, "error-eps-negative", r"eps: must be > 0"),
+        _param_error({"eps": 1e-50}, "error-eps-underflows", r"eps: must be > 0"),
+        _param_error({"eps": float("inf")}, "error-eps-inf", r"eps: must be finite"),
+    ),
     doc="safe_log(x, eps=1e-6) = ln(softplus(x) + eps): smooth everywhere, safe_log(0) ~ -0.36651 "
-        "(not log(max(x, eps))).",
+    "(not log(max(x, eps))).",
 )
 
-SPECS = (RELU, GELU, ADD, SUB, MUL, SCALE, ABS, SQRT, CLAMP, MAX, MIN, SIGMOID, TANH, SOFTPLUS,
-         EXP, SIN, COS, LOG, INV, SAFE_LOG)
+SPECS = (
+    RELU,
+    GELU,
+    ADD,
+    SUB,
+    MUL,
+    SCALE,
+    ABS,
+    SQRT,
+    CLAMP,
+    MAX,
+    MIN,
+    SIGMOID,
+    TANH,
+    SOFTPLUS,
+    EXP,
+    SIN,
+    COS,
+    LOG,
+    INV,
+    SAFE_LOG,
+)

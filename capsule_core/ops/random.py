@@ -70,9 +70,19 @@ def _check_p(op: str, params):
         raise ParamError(op, "p", f"must be in [0, 1], got {params['p']!r}")
 
 
-def _random_op(name: str, *, params: tuple[Param, ...], draw, check=None, sample_params: dict,
-               extra_edges=(), extra_errors=(), doc: str) -> OpSpec:
+def _random_op(
+    name: str,
+    *,
+    params: tuple[Param, ...],
+    draw,
+    check=None,
+    sample_params: dict,
+    extra_edges=(),
+    extra_errors=(),
+    doc: str,
+) -> OpSpec:
     """The family factory: `draw(u, params)` maps uniform values u (working dtype) to y."""
+
     def shape(shapes, p):
         if check is not None:
             check(name, p)
@@ -88,15 +98,22 @@ def _random_op(name: str, *, params: tuple[Param, ...], draw, check=None, sample
         return Cost(bytes_read=0, bytes_written=4 * n, flops=n)
 
     def samples(size: str, rng: np.random.Generator) -> list[Sample]:
-        return [Sample({}, {**sample_params, "shape": s, "seed": int(rng.integers(0, 2**63))}, f"{size}-{i}")
-                for i, s in enumerate(SHAPES[size])]
+        return [
+            Sample({}, {**sample_params, "shape": s, "seed": int(rng.integers(0, 2**63))}, f"{size}-{i}")
+            for i, s in enumerate(SHAPES[size])
+        ]
 
     def edges() -> list[Sample]:
-        cases = [({"shape": (0,), "seed": 1}, "edge-empty"), ({"shape": (2, 0, 3), "seed": 1}, "edge-empty-3d"),
-                 ({"shape": (), "seed": 5}, "edge-rank0"), ({"shape": (1,), "seed": 0}, "edge-one-seed0"),
-                 ({"shape": (3, 37), "seed": 2**64 - 1}, "edge-odd-max-seed")]
+        cases = [
+            ({"shape": (0,), "seed": 1}, "edge-empty"),
+            ({"shape": (2, 0, 3), "seed": 1}, "edge-empty-3d"),
+            ({"shape": (), "seed": 5}, "edge-rank0"),
+            ({"shape": (1,), "seed": 0}, "edge-one-seed0"),
+            ({"shape": (3, 37), "seed": 2**64 - 1}, "edge-odd-max-seed"),
+        ]
         return [Sample({}, {**sample_params, **p}, c, True) for p, c in cases] + [
-            Sample({}, {**sample_params, **p}, c, True) for p, c in extra_edges]
+            Sample({}, {**sample_params, **p}, c, True) for p, c in extra_edges
+        ]
 
     def errors() -> list[ErrorCase]:
         base = {**sample_params, "shape": (3,), "seed": 1}
@@ -111,13 +128,21 @@ def _random_op(name: str, *, params: tuple[Param, ...], draw, check=None, sample
         return [ErrorCase(Sample({}, p, f"error-{i}"), e, m) for i, (p, e, m) in enumerate(cases)]
 
     return OpSpec(
-        name=name, family="random", inputs=(), params=params,
-        shape_rule="shape", shape=shape, forward=forward,
-        magnitude=lambda inputs, p, y: np.abs(y), error=EXACT, cost=cost,
-        samples=samples, edges=edges, errors=errors, doc=doc,
+        name=name,
+        family="random",
+        inputs=(),
+        params=params,
+        shape_rule="shape",
+        shape=shape,
+        forward=forward,
+        magnitude=lambda inputs, p, y: np.abs(y),
+        error=EXACT,
+        cost=cost,
+        samples=samples,
+        edges=edges,
+        errors=errors,
+        doc=doc,
     )
-
-
 
 
 SHAPE = Param("shape", "shape", doc="output shape, non-negative dimensions")
@@ -126,25 +151,35 @@ SEED = Param("seed", "seed", doc="generator seed in [0, 2**64)")
 # -- rand_uniform: u_i = (r_i >> 8)·2⁻²⁴ in [0, 1) -----------------------------------------
 
 RAND_UNIFORM = _random_op(
-    "rand_uniform", params=(SHAPE, SEED), draw=lambda u, p: u, sample_params={},
+    "rand_uniform",
+    params=(SHAPE, SEED),
+    draw=lambda u, p: u,
+    sample_params={},
     doc="rand_uniform(shape, seed): u_i = (r_i >> 8) * 2^-24, exactly representable, in [0, 1).",
 )
 
 # -- bernoulli_mask: 1.0 if u_i < p else 0.0, no 1/p rescaling ------------------------------
 
 BERNOULLI_MASK = _random_op(
-    "bernoulli_mask", params=(SHAPE, Param("p", "float", doc="keep probability in [0, 1]"), SEED),
-    draw=lambda u, p: (u < p["p"]).astype(u.dtype), check=_check_p, sample_params={"p": 0.3},
-    extra_edges=(({"shape": (5, 7), "p": 0.0, "seed": 3}, "edge-p0"),
-                 ({"shape": (5, 7), "p": 1.0, "seed": 3}, "edge-p1"),
-                 ({"shape": (4, 33), "p": 2.0**-24, "seed": 9}, "edge-p-one-step"),
-                 ({"shape": (4, 33), "p": 0.5, "seed": 9}, "edge-p-half"),
-                 # p equal to one of the draws: only u < p (not u <= p) leaves that element 0.
-                 ({"shape": (4, 33), "p": float(uniform_values(9, 132, np.float64)[17]), "seed": 9}, "edge-p-is-a-draw")),
-    extra_errors=(({"shape": (3,), "seed": 1, "p": 1.5}, ParamError, r"p: must be in \[0, 1\]"),
-                  ({"shape": (3,), "seed": 1, "p": -0.25}, ParamError, r"p: must be in \[0, 1\]"),
-                  ({"shape": (3,), "seed": 1, "p": float("nan")}, ParamError, r"p: must be finite"),
-                  ({"shape": (3,), "seed": 1}, ParamError, r"p: required parameter is missing")),
+    "bernoulli_mask",
+    params=(SHAPE, Param("p", "float", doc="keep probability in [0, 1]"), SEED),
+    draw=lambda u, p: (u < p["p"]).astype(u.dtype),
+    check=_check_p,
+    sample_params={"p": 0.3},
+    extra_edges=(
+        ({"shape": (5, 7), "p": 0.0, "seed": 3}, "edge-p0"),
+        ({"shape": (5, 7), "p": 1.0, "seed": 3}, "edge-p1"),
+        ({"shape": (4, 33), "p": 2.0**-24, "seed": 9}, "edge-p-one-step"),
+        ({"shape": (4, 33), "p": 0.5, "seed": 9}, "edge-p-half"),
+        # p equal to one of the draws: only u < p (not u <= p) leaves that element 0.
+        ({"shape": (4, 33), "p": float(uniform_values(9, 132, np.float64)[17]), "seed": 9}, "edge-p-is-a-draw"),
+    ),
+    extra_errors=(
+        ({"shape": (3,), "seed": 1, "p": 1.5}, ParamError, r"p: must be in \[0, 1\]"),
+        ({"shape": (3,), "seed": 1, "p": -0.25}, ParamError, r"p: must be in \[0, 1\]"),
+        ({"shape": (3,), "seed": 1, "p": float("nan")}, ParamError, r"p: must be finite"),
+        ({"shape": (3,), "seed": 1}, ParamError, r"p: required parameter is missing"),
+    ),
     doc="bernoulli_mask(shape, p, seed): 1.0 if u_i < p else 0.0; p = 0 gives zeros, p = 1 ones.",
 )
 

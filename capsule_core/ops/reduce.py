@@ -46,7 +46,7 @@ def _count(x_shape, params) -> int:
 
 def _reduced_shape(x_shape, params) -> tuple:
     axis = _axis(x_shape, params)
-    return () if axis is None else tuple(x_shape[:axis]) + tuple(x_shape[axis + 1:])
+    return () if axis is None else tuple(x_shape[:axis]) + tuple(x_shape[axis + 1 :])
 
 
 def _shape(op: str):
@@ -54,6 +54,7 @@ def _shape(op: str):
         if params["axis"] is not None:
             normalize_axis(op, "axis", params["axis"], len(shapes["x"]))
         return _reduced_shape(tuple(shapes["x"]), params)
+
     return shape
 
 
@@ -86,15 +87,27 @@ def _mean_vjp(a, params, y, g):
 
 
 def _samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    return [Sample({"x": f32(2.0 * rng.standard_normal(shape))}, {"axis": axis}, f"{size}-{i}")
-            for i, (shape, axis) in enumerate(SIZES[size])]
+    return [
+        Sample({"x": f32(2.0 * rng.standard_normal(shape))}, {"axis": axis}, f"{size}-{i}")
+        for i, (shape, axis) in enumerate(SIZES[size])
+    ]
 
 
 def _special_rows() -> np.ndarray:
     """Rows of special values whose float32 sum cannot overflow (no 3e38 + 3e38)."""
     nan, inf = np.nan, np.inf
-    return f32([[nan, 1.0, 2.0], [inf, 1.0, -2.0], [-inf, 0.5, 3e38], [inf, -inf, 0.0],
-                [3e38, -3e38, 1.0], [1e-45, 1e-45, -1e-45], [-0.0, -0.0, -0.0], [1.1754942e-38, -1e-45, 0.0]])
+    return f32(
+        [
+            [nan, 1.0, 2.0],
+            [inf, 1.0, -2.0],
+            [-inf, 0.5, 3e38],
+            [inf, -inf, 0.0],
+            [3e38, -3e38, 1.0],
+            [1e-45, 1e-45, -1e-45],
+            [-0.0, -0.0, -0.0],
+            [1.1754942e-38, -1e-45, 0.0],
+        ]
+    )
 
 
 def _edges(op: str):
@@ -110,12 +123,16 @@ def _edges(op: str):
             ({"x": f32(rng.standard_normal((3, 37, 5)))}, {"axis": 1}, "edge-odd-middle"),
             ({"x": f32(rng.standard_normal((3, 37, 5)))}, {"axis": -1}, "edge-odd-last"),
             ({"x": _special_rows()}, {"axis": 1}, "edge-special-rows"),
-            ({"x": SPECIAL_VALUES[np.isfinite(SPECIAL_VALUES) & (np.abs(SPECIAL_VALUES) < 1e38)].copy()},
-             {"axis": None}, "edge-special-finite"),
+            (
+                {"x": SPECIAL_VALUES[np.isfinite(SPECIAL_VALUES) & (np.abs(SPECIAL_VALUES) < 1e38)].copy()},
+                {"axis": None},
+                "edge-special-finite",
+            ),
             ({"x": np.full((4097,), 0.1, np.float32)}, {"axis": 0}, "edge-same-sign-4097"),
             ({"x": f32(np.abs(rng.standard_normal((3, 100_001))))}, {"axis": -1}, "edge-same-sign-long"),
         ]
         return [Sample(x, p, c, True) for x, p, c in cases]
+
     return edges
 
 
@@ -135,9 +152,11 @@ def _order_inputs() -> list[Sample]:
     """The three orders as rows, summed along the contiguous axis, along the strided one, and
     all together (the rows one after another)."""
     rows = np.stack(list(order_terms().values()))
-    return [Sample({"x": rows}, {"axis": -1}, "order-rows", True),
-            Sample({"x": np.ascontiguousarray(rows.T)}, {"axis": 0}, "order-columns", True),
-            Sample({"x": rows}, {"axis": None}, "order-all", True)]
+    return [
+        Sample({"x": rows}, {"axis": -1}, "order-rows", True),
+        Sample({"x": np.ascontiguousarray(rows.T)}, {"axis": 0}, "order-columns", True),
+        Sample({"x": rows}, {"axis": None}, "order-all", True),
+    ]
 
 
 def _left_fold_sum(a, p):
@@ -156,18 +175,43 @@ def _cost(extra_flops_per_output: int):
         outputs = numel(_reduced_shape(shapes["x"], params))
         # One addition per input element, plus the per-output scaling of the mean.
         return Cost(bytes_read=4 * size, bytes_written=4 * outputs, flops=size + extra_flops_per_output * outputs)
+
     return cost
 
 
-def reduction(name: str, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error, left_fold,
-              extra_flops_per_output: int, doc: str) -> OpSpec:
+def reduction(
+    name: str,
+    *,
+    forward,
+    vjp,
+    magnitude,
+    vjp_magnitude,
+    error,
+    vjp_error,
+    left_fold,
+    extra_flops_per_output: int,
+    doc: str,
+) -> OpSpec:
     """The family factory: one input x, the axis parameter, the shape rule above."""
     return OpSpec(
-        name=name, family="reduce", inputs=(Tensor("x", "(…)"),), params=(AXIS,),
-        shape_rule="x.shape without axis; () for axis=None", shape=_shape(name),
-        forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=_cost(extra_flops_per_output),
-        samples=_samples, edges=_edges(name), errors=_errors, order_inputs=_order_inputs, left_fold=left_fold,
+        name=name,
+        family="reduce",
+        inputs=(Tensor("x", "(…)"),),
+        params=(AXIS,),
+        shape_rule="x.shape without axis; () for axis=None",
+        shape=_shape(name),
+        forward=forward,
+        vjp=vjp,
+        magnitude=magnitude,
+        vjp_magnitude=vjp_magnitude,
+        error=error,
+        vjp_error=vjp_error,
+        cost=_cost(extra_flops_per_output),
+        samples=_samples,
+        edges=_edges(name),
+        errors=_errors,
+        order_inputs=_order_inputs,
+        left_fold=left_fold,
         doc=doc,
     )
 
@@ -189,7 +233,9 @@ REDUCE_SUM = reduction(
     magnitude=lambda a, p, y: _abs_sum(a, p),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64)},
     error=Accumulation(1, "n-term sum: n-1 additions inside gamma_n, one spare", _length),
-    vjp_error=Exact("a copy of g"), left_fold=_left_fold_sum, extra_flops_per_output=0,
+    vjp_error=Exact("a copy of g"),
+    left_fold=_left_fold_sum,
+    extra_flops_per_output=0,
     doc="reduce_sum(x, axis=None): sum over axis (removed) or of everything (shape ()); empty -> 0.",
 )
 
@@ -201,10 +247,12 @@ REDUCE_MEAN = reduction(
     vjp=_mean_vjp,
     magnitude=lambda a, p, y: _abs_sum(a, p) / max(1, _count(a["x"].shape, p)),
     vjp_magnitude=lambda a, p, y, g: {
-        "x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64) / max(1, _count(a["x"].shape, p))},
+        "x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64) / max(1, _count(a["x"].shape, p))
+    },
     error=Accumulation(3, "n-term sum inside gamma_n; rounding 1/n, the product, one spare", _length),
     vjp_error=Accumulation(2, "g/n or g*(1/n): at most two roundings"),
-    left_fold=lambda a, p: _left_fold_sum(a, p) * _inverse_count(a["x"].shape, p), extra_flops_per_output=1,
+    left_fold=lambda a, p: _left_fold_sum(a, p) * _inverse_count(a["x"].shape, p),
+    extra_flops_per_output=1,
     doc="reduce_mean(x, axis=None): sum * (1/n) over axis or everything; empty -> NaN.",
 )
 

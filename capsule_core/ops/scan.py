@@ -56,7 +56,7 @@ def _reverse(a, g):
 
 def _previous(h0, y):
     """h[t−1] for every t: h0 then y without its last step, (B, T, D)."""
-    return np.concatenate([h0[:, None], y], axis=1)[:, :y.shape[1]]
+    return np.concatenate([h0[:, None], y], axis=1)[:, : y.shape[1]]
 
 
 def _reduce_to(grad, coefficient):
@@ -95,9 +95,12 @@ def _vjp_magnitude(a, p, y, g):
 
 def _require_coefficient(name: str, shape, batch: int, steps: int, channels: int):
     if tuple(shape) not in ((channels,), (batch, steps, channels)):
-        raise ShapeError("selective_scan", name,
-                         f"must have shape (D,) = ({channels},) (shared) or (B, T, D) = {(batch, steps, channels)} "
-                         f"(token-dependent), got {tuple(shape)}")
+        raise ShapeError(
+            "selective_scan",
+            name,
+            f"must have shape (D,) = ({channels},) (shared) or (B, T, D) = {(batch, steps, channels)} "
+            f"(token-dependent), got {tuple(shape)}",
+        )
 
 
 def _shape(shapes, p):
@@ -106,7 +109,9 @@ def _shape(shapes, p):
     _require_coefficient("a", shapes["a"], batch, steps, channels)
     _require_coefficient("b", shapes["b"], batch, steps, channels)
     if tuple(shapes["h0"]) != (batch, channels):
-        raise ShapeError("selective_scan", "h0", f"must have shape (B, D) = {(batch, channels)}, got {tuple(shapes['h0'])}")
+        raise ShapeError(
+            "selective_scan", "h0", f"must have shape (B, D) = {(batch, channels)}, got {tuple(shapes['h0'])}"
+        )
     return (batch, steps, channels)
 
 
@@ -119,6 +124,7 @@ def _cost(shapes, p):
 
 def _case(rng, batch, steps, channels, a_form, b_form, case, worst_case=False, decay=(0.5, 1.0)) -> Sample:
     """|A| drawn from `decay` with random signs (bounded, long memory near 1); Bc ~ U(−1, 1)."""
+
     def coefficient(form, draw):
         return f32(draw((channels,) if form == "shared" else (batch, steps, channels)))
 
@@ -164,8 +170,10 @@ EDGES = (
 
 
 def _edges():
-    return [_case(seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, decay)
-            for b, t, d, fa, fb, case, decay in EDGES]
+    return [
+        _case(seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, decay)
+        for b, t, d, fa, fb, case, decay in EDGES
+    ]
 
 
 def _order_inputs() -> list[Sample]:
@@ -177,8 +185,12 @@ def _order_inputs() -> list[Sample]:
 
 
 def _error(case, argument, pattern, x=(2, 5, 3), a=(3,), b=(3,), h0=(2, 3)) -> ErrorCase:
-    inputs = {"x": np.zeros(x, np.float32), "a": np.zeros(a, np.float32), "b": np.zeros(b, np.float32),
-              "h0": np.zeros(h0, np.float32)}
+    inputs = {
+        "x": np.zeros(x, np.float32),
+        "a": np.zeros(a, np.float32),
+        "b": np.zeros(b, np.float32),
+        "h0": np.zeros(h0, np.float32),
+    }
     return ErrorCase(Sample(inputs, {}, case), ShapeError, rf"{argument}: {pattern}")
 
 
@@ -198,33 +210,54 @@ def _recurrence_length(shapes, p):
 
 def _coefficient_length(name: str, chain: int):
     """`chain`·T roundings in the per-token cotangent, plus a B·T-term sum when shared."""
+
     def n(shapes, p):
         batch, steps, _ = shapes["x"]
         return chain * steps + (batch * steps if len(shapes[name]) == 1 else 0)
+
     return n
 
 
 SELECTIVE_SCAN = OpSpec(
-    name="selective_scan", family="scan",
-    inputs=(Tensor("x", "(B, T, D)"), Tensor("a", "(D) or (B, T, D)"), Tensor("b", "(D) or (B, T, D)"),
-            Tensor("h0", "(B, D)")),
-    params=(), shape_rule="(B, T, D)", shape=_shape,
-    forward=_forward, vjp=_vjp, magnitude=_magnitude, vjp_magnitude=_vjp_magnitude,
+    name="selective_scan",
+    family="scan",
+    inputs=(
+        Tensor("x", "(B, T, D)"),
+        Tensor("a", "(D) or (B, T, D)"),
+        Tensor("b", "(D) or (B, T, D)"),
+        Tensor("h0", "(B, D)"),
+    ),
+    params=(),
+    shape_rule="(B, T, D)",
+    shape=_shape,
+    forward=_forward,
+    vjp=_vjp,
+    magnitude=_magnitude,
+    vjp_magnitude=_vjp_magnitude,
     # Near the subnormals M is right (float32 A·h + Bc·X meets it); a chunked scan's Π A must not underflow.
     error=Accumulation(
-        4, "Bc·X 1 rounding, a chunked or parallel scan's combine 2 more; each step rounds the carried state "
-           "twice (A·h, + Bc·X; once with FMA), so n = 2T over the unrolled recurrence", n=_recurrence_length),
+        4,
+        "Bc·X 1 rounding, a chunked or parallel scan's combine 2 more; each step rounds the carried state "
+        "twice (A·h, + Bc·X; once with FMA), so n = 2T over the unrolled recurrence",
+        n=_recurrence_length,
+    ),
     vjp_error={
         "x": Accumulation(4, "the reverse recurrence (n = 2T) times Bc", n=_recurrence_length),
         "h0": Accumulation(4, "the reverse recurrence (n = 2T) times A[0]", n=_recurrence_length),
-        "a": Accumulation(4, "reverse total (2T) times h[t−1] (2T): n = 4T, + B·T summed when shared",
-                          n=_coefficient_length("a", 4)),
-        "b": Accumulation(4, "reverse total (2T) times X: n = 2T, + B·T summed when shared",
-                          n=_coefficient_length("b", 2)),
+        "a": Accumulation(
+            4, "reverse total (2T) times h[t−1] (2T): n = 4T, + B·T summed when shared", n=_coefficient_length("a", 4)
+        ),
+        "b": Accumulation(
+            4, "reverse total (2T) times X: n = 2T, + B·T summed when shared", n=_coefficient_length("b", 2)
+        ),
     },
-    cost=_cost, samples=_samples, edges=_edges, errors=_errors, order_inputs=_order_inputs,
+    cost=_cost,
+    samples=_samples,
+    edges=_edges,
+    errors=_errors,
+    order_inputs=_order_inputs,
     doc="selective_scan(x, a, b, h0): h[t] = A[t]·h[t−1] + Bc[t]·X[t], h[−1] = h0, y = h; a and b are "
-        "each shared (D,) or token-dependent (B, T, D).",
+    "each shared (D,) or token-dependent (B, T, D).",
 )
 
 SPECS = (SELECTIVE_SCAN,)

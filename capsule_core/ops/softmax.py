@@ -25,8 +25,7 @@ from .base import (
     seeded_rng,
 )
 
-SIZES = {"small": ((7,), (3, 5), (2, 3, 4)), "medium": ((128, 129), (16, 1000)),
-         "large": ((1024, 1000), (256, 4097))}
+SIZES = {"small": ((7,), (3, 5), (2, 3, 4)), "medium": ((128, 129), (16, 1000)), "large": ((1024, 1000), (256, 4097))}
 """Sample shapes per size: rank 1 to 3, odd and non-power-of-two rows, up to 1000 and 4097."""
 
 LOGIT_SCALE = 3.0
@@ -104,6 +103,7 @@ def _samples(inputs: tuple[str, ...], draw_mask: bool):
                 arrays["mask"] = _random_mask(rng, shape)
             out.append(Sample(arrays, {}, f"{size}-{i}"))
         return out
+
     return samples
 
 
@@ -149,42 +149,73 @@ def _row_errors(op: str, mask: bool) -> list[ErrorCase]:
     ]
     if mask:
         cases += [
-            ({"x": np.zeros((2, 3), np.float32), "mask": np.ones((3, 2), np.float32)}, ShapeError,
-             r"mask: must have the shape of x \(2, 3\)"),
-            ({"x": np.zeros((2, 3), np.float32), "mask": np.ones(3, np.float32)}, ShapeError,
-             r"mask: must have the shape of x"),
+            (
+                {"x": np.zeros((2, 3), np.float32), "mask": np.ones((3, 2), np.float32)},
+                ShapeError,
+                r"mask: must have the shape of x \(2, 3\)",
+            ),
+            (
+                {"x": np.zeros((2, 3), np.float32), "mask": np.ones(3, np.float32)},
+                ShapeError,
+                r"mask: must have the shape of x",
+            ),
             ({"x": np.zeros((2, 3), np.float32)}, ShapeError, r"mask: required input is missing"),
         ]
     else:
-        cases.append(({"x": np.zeros(3, np.float32), "mask": np.ones(3, np.float32)}, ShapeError,
-                      r"mask: unknown input \(inputs: x\)"))
+        cases.append(
+            (
+                {"x": np.zeros(3, np.float32), "mask": np.ones(3, np.float32)},
+                ShapeError,
+                r"mask: unknown input \(inputs: x\)",
+            )
+        )
     return [ErrorCase(Sample(x, {}, f"error-{i}"), e, m) for i, (x, e, m) in enumerate(cases)]
 
 
 def _cost(flops_per_element: int, inputs: int, flops_per_row: int = 0):
     """Per element: max compare, subtract, exp, add, divide (log_softmax: subtract), so 5;
     hard_masked_softmax adds the mask test (6); log_softmax adds one log per row."""
+
     def cost(shapes, params):
         size = numel(shapes["x"])
         rows = size // max(1, int(shapes["x"][-1]))
-        return Cost(bytes_read=4 * size * inputs, bytes_written=4 * size,
-                    flops=flops_per_element * size + flops_per_row * rows)
+        return Cost(
+            bytes_read=4 * size * inputs, bytes_written=4 * size, flops=flops_per_element * size + flops_per_row * rows
+        )
+
     return cost
 
 
 def _order_inputs(masked: bool):
     """Rows of logits ln(terms) for the non-negative order_terms: the row sum of exp(x − max)
     is 1 among many 2⁻²⁴ (a left fold from the top loses them all), one row per order."""
+
     def order_inputs() -> list[Sample]:
         x = f32(np.log(np.stack(list(order_terms(signed=False).values()))))
         arrays = {"x": x, "mask": np.ones_like(x)} if masked else {"x": x}
         return [Sample(arrays, {}, "order-rows", True)]
+
     return order_inputs
 
 
-def row_op(name: str, *, inputs: tuple[Tensor, ...], forward, vjp, magnitude, vjp_magnitude,
-           error, vjp_error, cost, samples, edges, errors, doc: str) -> OpSpec:
+def row_op(
+    name: str,
+    *,
+    inputs: tuple[Tensor, ...],
+    forward,
+    vjp,
+    magnitude,
+    vjp_magnitude,
+    error,
+    vjp_error,
+    cost,
+    samples,
+    edges,
+    errors,
+    doc: str,
+) -> OpSpec:
     """The family factory: x (…, D) with D ≥ 1, and an optional mask of x's shape."""
+
     def shape(shapes, params):
         _check_rows(name, shapes)
         if "mask" in shapes:
@@ -192,10 +223,24 @@ def row_op(name: str, *, inputs: tuple[Tensor, ...], forward, vjp, magnitude, vj
         return tuple(shapes["x"])
 
     return OpSpec(
-        name=name, family="softmax", inputs=inputs, params=(), shape_rule="shape of x", shape=shape,
-        forward=forward, vjp=vjp, magnitude=magnitude, vjp_magnitude=vjp_magnitude,
-        error=error, vjp_error=vjp_error, cost=cost, samples=samples, edges=edges, errors=errors,
-        order_inputs=_order_inputs(any(t.name == "mask" for t in inputs)), doc=doc,
+        name=name,
+        family="softmax",
+        inputs=inputs,
+        params=(),
+        shape_rule="shape of x",
+        shape=shape,
+        forward=forward,
+        vjp=vjp,
+        magnitude=magnitude,
+        vjp_magnitude=vjp_magnitude,
+        error=error,
+        vjp_error=vjp_error,
+        cost=cost,
+        samples=samples,
+        edges=edges,
+        errors=errors,
+        order_inputs=_order_inputs(any(t.name == "mask" for t in inputs)),
+        doc=doc,
     )
 
 
@@ -204,19 +249,32 @@ X_ROWS = Tensor("x", "(…, D)")
 # -- log_softmax: (x − m) − ln Σ exp(x − m) ----------------------------------------------------
 
 LOG_SOFTMAX = row_op(
-    "log_softmax", inputs=(X_ROWS,),
+    "log_softmax",
+    inputs=(X_ROWS,),
     forward=lambda a, p: _log_softmax(a["x"]),
     vjp=lambda a, p, y, g: {"x": g - np.exp(y) * _row_sum(g)},
     magnitude=lambda a, p, y: _log_softmax_magnitude(a["x"]),
-    vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) + np.exp(y) * _row_sum(np.abs(g))
-                                      * (1.0 + _log_softmax_magnitude(a["x"]))},
-    error=Accumulation(8, "expf 2 ulp (4u) on each term of the n-term sum, logf 1 ulp, the final "
-                          "subtraction, one spare; |z| terms carry the rounding of x - max", _row_length),
-    vjp_error=Accumulation(14, "exp(y) carries y's error (k = 8 through M) plus expf 2 ulp (4u), the "
-                               "product and the subtraction; n-term sum of g", _row_length),
-    cost=_cost(5, 1, flops_per_row=1), samples=_samples(("x",), False),
-    edges=lambda: [Sample({"x": x}, {}, c, True) for x, c in _common_edges(
-        "log_softmax", [[3e38, 3e38, 1e38], [-3e38, -1e38, -2e38], [3e38, 0.0, 1e38]])],
+    vjp_magnitude=lambda a, p, y, g: {
+        "x": np.abs(g) + np.exp(y) * _row_sum(np.abs(g)) * (1.0 + _log_softmax_magnitude(a["x"]))
+    },
+    error=Accumulation(
+        8,
+        "expf 2 ulp (4u) on each term of the n-term sum, logf 1 ulp, the final "
+        "subtraction, one spare; |z| terms carry the rounding of x - max",
+        _row_length,
+    ),
+    vjp_error=Accumulation(
+        14,
+        "exp(y) carries y's error (k = 8 through M) plus expf 2 ulp (4u), the "
+        "product and the subtraction; n-term sum of g",
+        _row_length,
+    ),
+    cost=_cost(5, 1, flops_per_row=1),
+    samples=_samples(("x",), False),
+    edges=lambda: [
+        Sample({"x": x}, {}, c, True)
+        for x, c in _common_edges("log_softmax", [[3e38, 3e38, 1e38], [-3e38, -1e38, -2e38], [3e38, 0.0, 1e38]])
+    ],
     errors=lambda: _row_errors("log_softmax", False),
     doc="log_softmax(x) over the last axis, stable: (x - m) - ln sum exp(x - m).",
 )
@@ -224,18 +282,31 @@ LOG_SOFTMAX = row_op(
 # -- softmax: e = exp(x − m), y = e / Σe -------------------------------------------------------
 
 SOFTMAX = row_op(
-    "softmax", inputs=(X_ROWS,),
+    "softmax",
+    inputs=(X_ROWS,),
     forward=lambda a, p: _softmax(a["x"]),
     vjp=lambda a, p, y, g: {"x": y * (g - _row_sum(g * y))},
     magnitude=lambda a, p, y: _softmax_magnitude(y, _finite_abs(_shifted(a["x"]))),
     vjp_magnitude=lambda a, p, y, g: {"x": _softmax_vjp_magnitude(y, _finite_abs(_shifted(a["x"])), g)},
-    error=Accumulation(10, "expf 2 ulp (4u) on e_i and on each term of the n-term sum, the division, "
-                           "one spare; |z| terms carry the rounding of x - max", _row_length),
-    vjp_error=Accumulation(12, "y carries the forward's error (k = 10 through M); the n-term dot, "
-                               "the subtraction and the product", _row_length),
-    cost=_cost(5, 1), samples=_samples(("x",), False),
-    edges=lambda: [Sample({"x": x}, {}, c, True) for x, c in _common_edges(
-        "softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38], [3e38, 2.9e38, -1e38, 1e38]])],
+    error=Accumulation(
+        10,
+        "expf 2 ulp (4u) on e_i and on each term of the n-term sum, the division, "
+        "one spare; |z| terms carry the rounding of x - max",
+        _row_length,
+    ),
+    vjp_error=Accumulation(
+        12,
+        "y carries the forward's error (k = 10 through M); the n-term dot, the subtraction and the product",
+        _row_length,
+    ),
+    cost=_cost(5, 1),
+    samples=_samples(("x",), False),
+    edges=lambda: [
+        Sample({"x": x}, {}, c, True)
+        for x, c in _common_edges(
+            "softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38], [3e38, 2.9e38, -1e38, 1e38]]
+        )
+    ],
     errors=lambda: _row_errors("softmax", False),
     doc="softmax(x) over the last axis, stable: e = exp(x - max), y = e / sum(e).",
 )
@@ -264,20 +335,34 @@ def _hard_masked_softmax(x, mask):
 def _hard_masked_edges() -> list[Sample]:
     rng = seeded_rng("hard_masked_softmax", "edges")
     nan, inf = np.nan, np.inf
-    cases = [(x, np.ones_like(x), c) for x, c in _common_edges(
-        "hard_masked_softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38]])]
+    cases = [
+        (x, np.ones_like(x), c)
+        for x, c in _common_edges("hard_masked_softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38]])
+    ]
     x4 = f32(LOGIT_SCALE * rng.standard_normal((4, 6)))
     cases += [
         (x4, np.zeros_like(x4), "edge-all-blocked"),
-        (f32([[nan, 1.0, inf, 2.0, -inf, nan], [1.0, 2.0, 3.0, nan, inf, -inf], [nan, nan, inf, -inf, 3e38, 0.0]]),
-         f32([[0, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]), "edge-nan-inf-blocked"),
-        (f32([[-inf, -inf, 1.0, nan], [-inf, 2.0, -inf, 0.5]]), f32([[1, 1, 0, 0], [1, 0, 1, 0]]),
-         "edge-allowed-all-minus-inf"),
-        (f32([[1.0, 2.0, 3.0, 4.0, 5.0]] * 2), f32([[-0.0, 0.5, -2.0, 0.0, 1.0], [1e30, -0.0, 0.0, -1.0, 3.0]]),
-         "edge-mask-values"),
+        (
+            f32([[nan, 1.0, inf, 2.0, -inf, nan], [1.0, 2.0, 3.0, nan, inf, -inf], [nan, nan, inf, -inf, 3e38, 0.0]]),
+            f32([[0, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]),
+            "edge-nan-inf-blocked",
+        ),
+        (
+            f32([[-inf, -inf, 1.0, nan], [-inf, 2.0, -inf, 0.5]]),
+            f32([[1, 1, 0, 0], [1, 0, 1, 0]]),
+            "edge-allowed-all-minus-inf",
+        ),
+        (
+            f32([[1.0, 2.0, 3.0, 4.0, 5.0]] * 2),
+            f32([[-0.0, 0.5, -2.0, 0.0, 1.0], [1e30, -0.0, 0.0, -1.0, 3.0]]),
+            "edge-mask-values",
+        ),
         (f32([[4.0], [-3e38], [nan]]), f32([[1.0], [1.0], [0.0]]), "edge-rows-of-one-masked"),
-        (f32([[3e38, -3e38, 3e38, 1.0], [-3e38, 3e38, 2.0, 1.0]]), f32([[1, 1, 0, 1], [1, 0, 1, 0]]),
-         "edge-huge-logits-masked"),
+        (
+            f32([[3e38, -3e38, 3e38, 1.0], [-3e38, 3e38, 2.0, 1.0]]),
+            f32([[1, 1, 0, 1], [1, 0, 1, 0]]),
+            "edge-huge-logits-masked",
+        ),
     ]
     for shape in ((2, 1000), (1, 4097), (3, 37), (3, 2000)):
         key = "x".join(map(str, shape))
@@ -292,14 +377,18 @@ HARD_MASKED_SOFTMAX = row_op(
     vjp=lambda a, p, y, g: {"x": y * (g - _row_sum(g * y))},
     magnitude=lambda a, p, y: _softmax_magnitude(y, _finite_abs(_masked_shift(a["x"], a["mask"])[0])),
     vjp_magnitude=lambda a, p, y, g: {
-        "x": _softmax_vjp_magnitude(y, _finite_abs(_masked_shift(a["x"], a["mask"])[0]), g)},
-    error=Accumulation(10, "softmax's k over the allowed entries (the mask test is exact); "
-                           "n = D bounds the allowed count", _row_length),
+        "x": _softmax_vjp_magnitude(y, _finite_abs(_masked_shift(a["x"], a["mask"])[0]), g)
+    },
+    error=Accumulation(
+        10, "softmax's k over the allowed entries (the mask test is exact); n = D bounds the allowed count", _row_length
+    ),
     vjp_error=Accumulation(12, "softmax's VJP; blocked entries have y = 0 exactly", _row_length),
-    cost=_cost(6, 2), samples=_samples(("x", "mask"), True), edges=_hard_masked_edges,
+    cost=_cost(6, 2),
+    samples=_samples(("x", "mask"), True),
+    edges=_hard_masked_edges,
     errors=lambda: _row_errors("hard_masked_softmax", True),
     doc="hard_masked_softmax(x, mask): softmax over entries with mask != 0, exactly 0 elsewhere; "
-        "rows with no allowed entry (or only -inf allowed) are all zeros.",
+    "rows with no allowed entry (or only -inf allowed) are all zeros.",
 )
 
 SPECS = (LOG_SOFTMAX, SOFTMAX, HARD_MASKED_SOFTMAX)

@@ -139,12 +139,19 @@ def _shape(shapes, p):
     require_rank("fft_fno", "w_re", shapes["w_re"], 3, 3)
     modes, w_in, c_out = shapes["w_re"]
     if not 1 <= modes <= grid // 2 + 1:
-        raise ShapeError("fft_fno", "w_re", f"modes M = w_re.shape[0] must be in [1, G//2 + 1] = [1, {grid // 2 + 1}] "
-                                            f"for G = {grid}, got {modes}")
+        raise ShapeError(
+            "fft_fno",
+            "w_re",
+            f"modes M = w_re.shape[0] must be in [1, G//2 + 1] = [1, {grid // 2 + 1}] for G = {grid}, got {modes}",
+        )
     if w_in != c_in:
-        raise ShapeError("fft_fno", "w_re", f"w_re.shape[1] must equal x's channels Ci = {c_in}, got shape {shapes['w_re']}")
+        raise ShapeError(
+            "fft_fno", "w_re", f"w_re.shape[1] must equal x's channels Ci = {c_in}, got shape {shapes['w_re']}"
+        )
     if tuple(shapes["w_im"]) != tuple(shapes["w_re"]):
-        raise ShapeError("fft_fno", "w_im", f"must have the shape of w_re {tuple(shapes['w_re'])}, got {tuple(shapes['w_im'])}")
+        raise ShapeError(
+            "fft_fno", "w_im", f"must have the shape of w_re {tuple(shapes['w_re'])}, got {tuple(shapes['w_im'])}"
+        )
     return (batch, grid, c_out)
 
 
@@ -154,16 +161,21 @@ def _cost(shapes, p):
     batch, grid, c_in = shapes["x"]
     modes, _, c_out = shapes["w_re"]
     flops = 4 * batch * modes * grid * c_in + 8 * batch * modes * c_in * c_out + 4 * batch * grid * modes * c_out
-    return Cost(bytes_read=4 * (numel(shapes["x"]) + 2 * numel(shapes["w_re"])),
-                bytes_written=4 * batch * grid * c_out, flops=flops + batch * modes * c_out)
+    return Cost(
+        bytes_read=4 * (numel(shapes["x"]) + 2 * numel(shapes["w_re"])),
+        bytes_written=4 * batch * grid * c_out,
+        flops=flops + batch * modes * c_out,
+    )
 
 
 def _case(rng, batch, grid, c_in, c_out, modes, case, worst_case=False) -> Sample:
     """x ~ N(0, 1), weights ~ N(0, 1/Ci) so y stays O(1) whatever the channel count."""
     w_scale = 1.0 / np.sqrt(max(c_in, 1))
-    inputs = {"x": f32(rng.standard_normal((batch, grid, c_in))),
-              "w_re": f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
-              "w_im": f32(w_scale * rng.standard_normal((modes, c_in, c_out)))}
+    inputs = {
+        "x": f32(rng.standard_normal((batch, grid, c_in))),
+        "w_re": f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
+        "w_im": f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
+    }
     return Sample(inputs, {}, case, worst_case)
 
 
@@ -200,8 +212,9 @@ def _edges():
         modes = grid // 2 + 1
         identity = np.broadcast_to(np.eye(3, dtype=np.float32), (modes, 3, 3)).copy()
         x = f32(seeded_rng("fft_fno", f"edge-identity-{grid}").standard_normal((2, grid, 3)))
-        cases.append(Sample({"x": x, "w_re": identity, "w_im": np.zeros_like(identity)}, {},
-                            f"edge-identity-{grid}", True))
+        cases.append(
+            Sample({"x": x, "w_re": identity, "w_im": np.zeros_like(identity)}, {}, f"edge-identity-{grid}", True)
+        )
     return cases
 
 
@@ -214,8 +227,11 @@ def _order_inputs() -> list[Sample]:
 
 
 def _error(case, x_shape, w_re_shape, w_im_shape, argument, pattern) -> ErrorCase:
-    inputs = {"x": np.zeros(x_shape, np.float32), "w_re": np.zeros(w_re_shape, np.float32),
-              "w_im": np.zeros(w_im_shape, np.float32)}
+    inputs = {
+        "x": np.zeros(x_shape, np.float32),
+        "w_re": np.zeros(w_re_shape, np.float32),
+        "w_im": np.zeros(w_im_shape, np.float32),
+    }
     return ErrorCase(Sample(inputs, {}, case), ShapeError, rf"{argument}: .*{pattern}")
 
 
@@ -234,9 +250,11 @@ def _errors():
 def _fused_transform_length(channels_of):
     """2·G·C + 4·M·C for the channel count C = channels_of(shapes): the longer of the two fusions
     of the channel mix into a transform (2·G·C terms into a mode, 4·M·C into a grid point)."""
+
     def n(shapes, p):
         channels = channels_of(shapes)
         return 2 * shapes["x"][1] * channels + 4 * shapes["w_re"][0] * channels
+
     return n
 
 
@@ -246,25 +264,43 @@ def _weight_grad_length(shapes, p):
 
 
 FFT_FNO = OpSpec(
-    name="fft_fno", family="spectral",
+    name="fft_fno",
+    family="spectral",
     inputs=(Tensor("x", "(B, G, Ci)"), Tensor("w_re", "(M, Ci, Co)"), Tensor("w_im", "(M, Ci, Co)")),
-    params=(), shape_rule="(B, G, Co)", shape=_shape,
-    forward=_forward, vjp=_vjp, magnitude=_magnitude, vjp_magnitude=_vjp_magnitude,
+    params=(),
+    shape_rule="(B, G, Co)",
+    shape=_shape,
+    forward=_forward,
+    vjp=_vjp,
+    magnitude=_magnitude,
+    vjp_magnitude=_vjp_magnitude,
     error=Accumulation(
-        16, "3 products, 2 twiddles (sinf/cosf 2 ulp + 2 argument roundings each), 1/G scale 2 -> 13, "
-            "rounded up; n = 2·G·Ci + 4·M·Ci covers a kernel that fuses the mix into either transform "
-            "(2·G·Ci terms into a mode, or 4·M·Ci into a grid point); unfused G + 2Ci + 2M is shorter",
-        n=_fused_transform_length(lambda s: s["x"][2])),
+        16,
+        "3 products, 2 twiddles (sinf/cosf 2 ulp + 2 argument roundings each), 1/G scale 2 -> 13, "
+        "rounded up; n = 2·G·Ci + 4·M·Ci covers a kernel that fuses the mix into either transform "
+        "(2·G·Ci terms into a mode, or 4·M·Ci into a grid point); unfused G + 2Ci + 2M is shorter",
+        n=_fused_transform_length(lambda s: s["x"][2]),
+    ),
     vjp_error={
-        "x": Accumulation(16, "the adjoint chain of the forward with Co for Ci: n = 2·G·Co + 4·M·Co",
-                          n=_fused_transform_length(lambda s: s["w_re"][2])),
-        "w_re": Accumulation(16, "two G-term spectra (x's and g's), then a sum over batch, possibly fused over "
-                                 "(b, t): n = 2·B·G + G", n=_weight_grad_length),
+        "x": Accumulation(
+            16,
+            "the adjoint chain of the forward with Co for Ci: n = 2·G·Co + 4·M·Co",
+            n=_fused_transform_length(lambda s: s["w_re"][2]),
+        ),
+        "w_re": Accumulation(
+            16,
+            "two G-term spectra (x's and g's), then a sum over batch, possibly fused over (b, t): n = 2·B·G + G",
+            n=_weight_grad_length,
+        ),
         "w_im": Accumulation(16, "as w_re: n = 2·B·G + G", n=_weight_grad_length),
     },
-    cost=_cost, samples=_samples, edges=_edges, errors=_errors, order_inputs=_order_inputs,
+    cost=_cost,
+    samples=_samples,
+    edges=_edges,
+    errors=_errors,
+    order_inputs=_order_inputs,
     doc="fft_fno(x, w_re, w_im) = irfft(rfft(x)[:M]·(w_re + i·w_im), n = G) along the grid axis; "
-        "modes k >= M are zero, imaginary parts at DC and (even G) Nyquist ignored.",
+    "modes k >= M are zero, imaginary parts at DC and (even G) Nyquist ignored.",
 )
 
 SPECS = (FFT_FNO,)

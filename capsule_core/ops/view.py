@@ -80,34 +80,45 @@ def _reshape_shape(shapes, p) -> tuple:
     known = math.prod(d for d in target if d != -1)
     if -1 in target:
         if known == 0:
-            raise ParamError("reshape", "shape", f"-1 cannot be inferred when the other entries multiply to 0, got {target}")
+            raise ParamError(
+                "reshape", "shape", f"-1 cannot be inferred when the other entries multiply to 0, got {target}"
+            )
         if size % known:
-            raise ParamError("reshape", "shape", f"cannot infer -1: the {size} elements of x {x_shape} "
-                                                 f"are not a multiple of {known}, got {target}")
+            raise ParamError(
+                "reshape",
+                "shape",
+                f"cannot infer -1: the {size} elements of x {x_shape} are not a multiple of {known}, got {target}",
+            )
         return tuple(size // known if d == -1 else d for d in target)
     if known != size:
-        raise ParamError("reshape", "shape", f"must hold the {size} elements of x {x_shape}, got {target} ({known} elements)")
+        raise ParamError(
+            "reshape", "shape", f"must hold the {size} elements of x {x_shape}, got {target} ({known} elements)"
+        )
     return target
 
 
 def _reshape_samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    cases = {"small": (((3, 4, 5), (-1, 5, 4)), ((7,), (7, 1)), ((2, 3, 5), (5, 6))),
-             "medium": (((64, 129), (43, -1)), ((16, 31, 33), (-1,))),
-             "large": (((1024, 1531), (1531, 1024)),)}[size]
+    cases = {
+        "small": (((3, 4, 5), (-1, 5, 4)), ((7,), (7, 1)), ((2, 3, 5), (5, 6))),
+        "medium": (((64, 129), (43, -1)), ((16, 31, 33), (-1,))),
+        "large": (((1024, 1531), (1531, 1024)),),
+    }[size]
     return _numbered(size, [({"x": _normal(rng, s)}, {"shape": t}) for s, t in cases])
 
 
 def _reshape_edges() -> list[Sample]:
     rng = seeded_rng("reshape", "edge")
-    return _edges([
-        ("edge-empty", {"x": np.zeros((0, 3), np.float32)}, {"shape": (3, 0)}),
-        ("edge-empty-infer", {"x": np.zeros((2, 0, 3), np.float32)}, {"shape": (-1, 3)}),
-        ("edge-rank0-to-1x1", {"x": f32(0.75)}, {"shape": (1, 1)}),
-        ("edge-to-rank0", {"x": f32([[[-1.5]]])}, {"shape": ()}),
-        ("edge-infer-only", {"x": _normal(rng, (3, 37))}, {"shape": (-1,)}),
-        ("edge-size1-axes", {"x": _normal(rng, (5, 7))}, {"shape": (1, 5, 1, 7, 1)}),
-        ("edge-special", {"x": _specials((14,))}, {"shape": (2, 7)}),
-    ])
+    return _edges(
+        [
+            ("edge-empty", {"x": np.zeros((0, 3), np.float32)}, {"shape": (3, 0)}),
+            ("edge-empty-infer", {"x": np.zeros((2, 0, 3), np.float32)}, {"shape": (-1, 3)}),
+            ("edge-rank0-to-1x1", {"x": f32(0.75)}, {"shape": (1, 1)}),
+            ("edge-to-rank0", {"x": f32([[[-1.5]]])}, {"shape": ()}),
+            ("edge-infer-only", {"x": _normal(rng, (3, 37))}, {"shape": (-1,)}),
+            ("edge-size1-axes", {"x": _normal(rng, (5, 7))}, {"shape": (1, 5, 1, 7, 1)}),
+            ("edge-special", {"x": _specials((14,))}, {"shape": (2, 7)}),
+        ]
+    )
 
 
 def _reshape_errors() -> list[ErrorCase]:
@@ -117,23 +128,34 @@ def _reshape_errors() -> list[ErrorCase]:
         _error("error-infer-indivisible", {"x": x}, {"shape": (5, -1)}, ParamError, r"shape: cannot infer -1"),
         _error("error-two-free", {"x": x}, {"shape": (-1, -1)}, ParamError, r"shape: at most one -1"),
         _error("error-negative", {"x": x}, {"shape": (-2, -6)}, ParamError, r"shape: entries must be >= 0"),
-        _error("error-infer-zero", {"x": np.zeros((0, 3), np.float32)}, {"shape": (0, -1)}, ParamError,
-               r"shape: -1 cannot be inferred"),
+        _error(
+            "error-infer-zero",
+            {"x": np.zeros((0, 3), np.float32)},
+            {"shape": (0, -1)},
+            ParamError,
+            r"shape: -1 cannot be inferred",
+        ),
         _error("error-missing", {"x": x}, {}, ParamError, r"shape: required parameter is missing"),
     ]
 
 
 RESHAPE = OpSpec(
-    name="reshape", family="view",
-    inputs=(Tensor("x", "(…)"),), params=(Param("shape", "shape", doc="the new shape; one -1 is inferred"),),
-    shape_rule="shape, with a -1 inferred", shape=_reshape_shape,
+    name="reshape",
+    family="view",
+    inputs=(Tensor("x", "(…)"),),
+    params=(Param("shape", "shape", doc="the new shape; one -1 is inferred"),),
+    shape_rule="shape, with a -1 inferred",
+    shape=_reshape_shape,
     forward=lambda a, p: a["x"].reshape(p["shape"]),
     vjp=lambda a, p, y, g: {"x": g.reshape(a["x"].shape)},
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": _abs(g).reshape(a["x"].shape)},
-    error=Exact("the same buffer: nothing is computed"), vjp_error=Exact("the same buffer: nothing is computed"),
+    error=Exact("the same buffer: nothing is computed"),
+    vjp_error=Exact("the same buffer: nothing is computed"),
     cost=lambda shapes, p: Cost(0, 0, 0),  # no copy and no launch: the buffer is only relabelled
-    samples=_reshape_samples, edges=_reshape_edges, errors=_reshape_errors,
+    samples=_reshape_samples,
+    edges=_reshape_edges,
+    errors=_reshape_errors,
     doc="reshape(x, shape): the same buffer with a new shape (one -1 inferred); no copy.",
 )
 
@@ -148,8 +170,11 @@ def _permute_shape(shapes, p) -> tuple:
     if len(perm) != rank:
         raise ParamError("permute", "perm", f"must have one entry per axis of x (rank {rank}), got {perm}")
     if sorted(perm) != list(range(rank)):
-        raise ParamError("permute", "perm", f"must be a permutation of range({rank}) "
-                                            f"(no repeats, entries in [0, {rank})), got {perm}")
+        raise ParamError(
+            "permute",
+            "perm",
+            f"must be a permutation of range({rank}) (no repeats, entries in [0, {rank})), got {perm}",
+        )
     return tuple(x_shape[i] for i in perm)
 
 
@@ -161,46 +186,66 @@ def _inverse(perm: tuple) -> tuple:
 
 
 def _permute_samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    cases = {"small": (((3, 4, 5), (2, 0, 1)), ((2, 3, 1, 5), (3, 1, 0, 2))),
-             "medium": (((64, 129), (1, 0)), ((8, 9, 10, 11, 12), (4, 2, 0, 3, 1))),
-             "large": (((48, 128, 257), (2, 0, 1)),)}[size]
+    cases = {
+        "small": (((3, 4, 5), (2, 0, 1)), ((2, 3, 1, 5), (3, 1, 0, 2))),
+        "medium": (((64, 129), (1, 0)), ((8, 9, 10, 11, 12), (4, 2, 0, 3, 1))),
+        "large": (((48, 128, 257), (2, 0, 1)),),
+    }[size]
     return _numbered(size, [({"x": _normal(rng, s)}, {"perm": perm}) for s, perm in cases])
 
 
 def _permute_edges() -> list[Sample]:
     rng = seeded_rng("permute", "edge")
-    return _edges([
-        ("edge-empty", {"x": np.zeros((0, 3, 2), np.float32)}, {"perm": (2, 0, 1)}),
-        ("edge-size1-axes", {"x": _normal(rng, (1, 5, 1))}, {"perm": (2, 1, 0)}),
-        ("edge-identity", {"x": _normal(rng, (3, 37))}, {"perm": (0, 1)}),
-        ("edge-rank8", {"x": _normal(rng, (2, 1, 3, 1, 2, 3, 1, 2))}, {"perm": (7, 2, 5, 0, 3, 6, 1, 4)}),
-        ("edge-special", {"x": _specials((2, 7))}, {"perm": (1, 0)}),
-        ("edge-rank0", {"x": f32(-2.5)}, {"perm": ()}),
-    ])
+    return _edges(
+        [
+            ("edge-empty", {"x": np.zeros((0, 3, 2), np.float32)}, {"perm": (2, 0, 1)}),
+            ("edge-size1-axes", {"x": _normal(rng, (1, 5, 1))}, {"perm": (2, 1, 0)}),
+            ("edge-identity", {"x": _normal(rng, (3, 37))}, {"perm": (0, 1)}),
+            ("edge-rank8", {"x": _normal(rng, (2, 1, 3, 1, 2, 3, 1, 2))}, {"perm": (7, 2, 5, 0, 3, 6, 1, 4)}),
+            ("edge-special", {"x": _specials((2, 7))}, {"perm": (1, 0)}),
+            ("edge-rank0", {"x": f32(-2.5)}, {"perm": ()}),
+        ]
+    )
 
 
 def _permute_errors() -> list[ErrorCase]:
     x = np.zeros((2, 3, 4), np.float32)
     return [
-        _error("error-perm-length", {"x": x}, {"perm": (1, 0)}, ParamError, r"permute: perm: must have one entry per axis"),
-        _error("error-perm-repeat", {"x": x}, {"perm": (0, 1, 1)}, ParamError, r"perm: must be a permutation of range\(3\)"),
+        _error(
+            "error-perm-length", {"x": x}, {"perm": (1, 0)}, ParamError, r"permute: perm: must have one entry per axis"
+        ),
+        _error(
+            "error-perm-repeat", {"x": x}, {"perm": (0, 1, 1)}, ParamError, r"perm: must be a permutation of range\(3\)"
+        ),
         _error("error-perm-range", {"x": x}, {"perm": (0, 1, 3)}, ParamError, r"perm: must be a permutation"),
         _error("error-perm-negative", {"x": x}, {"perm": (0, 1, -1)}, ParamError, r"perm: must be a permutation"),
-        _error("error-rank9", {"x": np.zeros((1,) * 9, np.float32)}, {"perm": tuple(range(9))}, ShapeError,
-               r"permute: x: must have rank 0 to 8"),
+        _error(
+            "error-rank9",
+            {"x": np.zeros((1,) * 9, np.float32)},
+            {"perm": tuple(range(9))},
+            ShapeError,
+            r"permute: x: must have rank 0 to 8",
+        ),
     ]
 
 
 PERMUTE = OpSpec(
-    name="permute", family="view",
-    inputs=(Tensor("x", "(…) rank <= 8"),), params=(Param("perm", "perm", doc="a permutation of range(rank)"),),
-    shape_rule="x.shape[perm[i]] for each i", shape=_permute_shape,
+    name="permute",
+    family="view",
+    inputs=(Tensor("x", "(…) rank <= 8"),),
+    params=(Param("perm", "perm", doc="a permutation of range(rank)"),),
+    shape_rule="x.shape[perm[i]] for each i",
+    shape=_permute_shape,
     forward=lambda a, p: np.transpose(a["x"], p["perm"]).copy(),
     vjp=lambda a, p, y, g: {"x": np.transpose(g, _inverse(p["perm"])).copy()},
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.transpose(_abs(g), _inverse(p["perm"]))},
-    error=COPY, vjp_error=COPY, cost=_copy_cost,
-    samples=_permute_samples, edges=_permute_edges, errors=_permute_errors,
+    error=COPY,
+    vjp_error=COPY,
+    cost=_copy_cost,
+    samples=_permute_samples,
+    edges=_permute_edges,
+    errors=_permute_errors,
     doc="permute(x, perm): y.shape[i] = x.shape[perm[i]]; any permutation of up to 8 axes.",
 )
 
@@ -217,8 +262,12 @@ def _broadcast_shape(shapes, p) -> tuple:
     lead = len(target) - len(x_shape)
     for i, d in enumerate(x_shape):
         if d != 1 and d != target[lead + i]:
-            raise ShapeError("broadcast", "shape", f"axis {lead + i} of size {target[lead + i]} cannot take axis {i} "
-                                                   f"of x {x_shape} (x's axes align to the right; each 1 or equal)")
+            raise ShapeError(
+                "broadcast",
+                "shape",
+                f"axis {lead + i} of size {target[lead + i]} cannot take axis {i} "
+                f"of x {x_shape} (x's axes align to the right; each 1 or equal)",
+            )
     return target
 
 
@@ -239,41 +288,60 @@ def _broadcast_vjp(a, p, y, g) -> dict:
 
 
 def _broadcast_samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    cases = {"small": (((3, 1, 5), (2, 3, 4, 5)), ((4,), (3, 4)), ((), (2, 3))),
-             "medium": (((1, 129), (64, 129)), ((16, 1, 33), (8, 16, 31, 33))),
-             "large": (((1, 1531), (1024, 1531)),)}[size]
+    cases = {
+        "small": (((3, 1, 5), (2, 3, 4, 5)), ((4,), (3, 4)), ((), (2, 3))),
+        "medium": (((1, 129), (64, 129)), ((16, 1, 33), (8, 16, 31, 33))),
+        "large": (((1, 1531), (1024, 1531)),),
+    }[size]
     return _numbered(size, [({"x": _normal(rng, s)}, {"shape": t}) for s, t in cases])
 
 
 def _broadcast_edges() -> list[Sample]:
     rng = seeded_rng("broadcast", "edge")
-    return _edges([
-        ("edge-from-rank0", {"x": f32(-0.0)}, {"shape": (3, 37)}),
-        ("edge-rank0-to-rank0", {"x": f32(1.25)}, {"shape": ()}),
-        ("edge-new-leading-axes", {"x": _normal(rng, (2, 1))}, {"shape": (5, 3, 2, 7)}),
-        ("edge-identity", {"x": _normal(rng, (3, 37))}, {"shape": (3, 37)}),
-        ("edge-one-to-empty", {"x": _normal(rng, (1, 3))}, {"shape": (0, 3)}),
-        ("edge-new-empty-axis", {"x": _normal(rng, (3,))}, {"shape": (2, 0, 3)}),
-        ("edge-empty-x", {"x": np.zeros((0,), np.float32)}, {"shape": (4, 0)}),
-        ("edge-many-copies", {"x": _normal(rng, (1, 3))}, {"shape": (4099, 3)}),
-        ("edge-special", {"x": _specials((14,))}, {"shape": (3, 14)}),
-    ])
+    return _edges(
+        [
+            ("edge-from-rank0", {"x": f32(-0.0)}, {"shape": (3, 37)}),
+            ("edge-rank0-to-rank0", {"x": f32(1.25)}, {"shape": ()}),
+            ("edge-new-leading-axes", {"x": _normal(rng, (2, 1))}, {"shape": (5, 3, 2, 7)}),
+            ("edge-identity", {"x": _normal(rng, (3, 37))}, {"shape": (3, 37)}),
+            ("edge-one-to-empty", {"x": _normal(rng, (1, 3))}, {"shape": (0, 3)}),
+            ("edge-new-empty-axis", {"x": _normal(rng, (3,))}, {"shape": (2, 0, 3)}),
+            ("edge-empty-x", {"x": np.zeros((0,), np.float32)}, {"shape": (4, 0)}),
+            ("edge-many-copies", {"x": _normal(rng, (1, 3))}, {"shape": (4099, 3)}),
+            ("edge-special", {"x": _specials((14,))}, {"shape": (3, 14)}),
+        ]
+    )
 
 
 def _broadcast_errors() -> list[ErrorCase]:
     x = np.zeros((3, 4), np.float32)
     return [
-        _error("error-incompatible", {"x": x}, {"shape": (2, 3, 5)}, ShapeError, r"broadcast: shape: axis 2 of size 5 cannot take"),
+        _error(
+            "error-incompatible",
+            {"x": x},
+            {"shape": (2, 3, 5)},
+            ShapeError,
+            r"broadcast: shape: axis 2 of size 5 cannot take",
+        ),
         _error("error-rank-too-small", {"x": x}, {"shape": (12,)}, ParamError, r"shape: must have rank >="),
         _error("error-negative", {"x": x}, {"shape": (-1, 3, 4)}, ParamError, r"shape: entries must be >= 0"),
-        _error("error-zero-to-one", {"x": np.zeros((0,), np.float32)}, {"shape": (1,)}, ShapeError, r"shape: axis 0 of size 1"),
+        _error(
+            "error-zero-to-one",
+            {"x": np.zeros((0,), np.float32)},
+            {"shape": (1,)},
+            ShapeError,
+            r"shape: axis 0 of size 1",
+        ),
     ]
 
 
 BROADCAST = OpSpec(
-    name="broadcast", family="view",
-    inputs=(Tensor("x", "(…)"),), params=(Param("shape", "shape", doc="the target shape"),),
-    shape_rule="shape (x's axes aligned to the right, each 1 or equal)", shape=_broadcast_shape,
+    name="broadcast",
+    family="view",
+    inputs=(Tensor("x", "(…)"),),
+    params=(Param("shape", "shape", doc="the target shape"),),
+    shape_rule="shape (x's axes aligned to the right, each 1 or equal)",
+    shape=_broadcast_shape,
     forward=lambda a, p: np.array(np.broadcast_to(a["x"], p["shape"])),
     vjp=_broadcast_vjp,
     magnitude=lambda a, p, y: _abs(y),
@@ -281,7 +349,9 @@ BROADCAST = OpSpec(
     error=COPY,
     vjp_error=Accumulation(1, "a sum of the broadcast copies of each element; k = 1 spare rounding", _copies),
     cost=lambda shapes, p: Cost(bytes_read=4 * numel(shapes["x"]), bytes_written=4 * math.prod(p["shape"]), flops=0),
-    samples=_broadcast_samples, edges=_broadcast_edges, errors=_broadcast_errors,
+    samples=_broadcast_samples,
+    edges=_broadcast_edges,
+    errors=_broadcast_errors,
     doc="broadcast(x, shape): x read with its size-1 and missing leading axes repeated.",
 )
 
@@ -297,9 +367,9 @@ def _concat_shape(shapes, p) -> tuple:
             raise ShapeError("concat", f"xs[{i}]", f"must have the rank of xs[0] {first}, got shape {s}")
     axis = normalize_axis("concat", "axis", p["axis"], len(first))
     for i, s in enumerate(parts[1:], start=1):
-        if s[:axis] != first[:axis] or s[axis + 1:] != first[axis + 1:]:
+        if s[:axis] != first[:axis] or s[axis + 1 :] != first[axis + 1 :]:
             raise ShapeError("concat", f"xs[{i}]", f"must match xs[0] {first} on every axis but {axis}, got shape {s}")
-    return first[:axis] + (sum(s[axis] for s in parts),) + first[axis + 1:]
+    return first[:axis] + (sum(s[axis] for s in parts),) + first[axis + 1 :]
 
 
 def _concat_vjp(a, p, y, g) -> dict:
@@ -310,51 +380,77 @@ def _concat_vjp(a, p, y, g) -> dict:
 
 
 def _concat_samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    cases = {"small": ((((2, 3), (2, 5), (2, 1)), 1), (((3, 2, 2), (1, 2, 2)), 0), (((2, 3, 2), (2, 4, 2)), -2)),
-             "medium": ((((64, 100), (64, 29), (64, 129)), -1), (((30, 64, 7), (30, 64, 9)), 2)),
-             "large": ((((512, 1024), (300, 1024), (211, 1024)), 0),)}[size]
+    cases = {
+        "small": ((((2, 3), (2, 5), (2, 1)), 1), (((3, 2, 2), (1, 2, 2)), 0), (((2, 3, 2), (2, 4, 2)), -2)),
+        "medium": ((((64, 100), (64, 29), (64, 129)), -1), (((30, 64, 7), (30, 64, 9)), 2)),
+        "large": ((((512, 1024), (300, 1024), (211, 1024)), 0),),
+    }[size]
     return _numbered(size, [({"xs": tuple(_normal(rng, s) for s in shapes)}, {"axis": axis}) for shapes, axis in cases])
 
 
 def _concat_edges() -> list[Sample]:
     rng = seeded_rng("concat", "edge")
-    return _edges([
-        ("edge-one-input", {"xs": (_normal(rng, (3, 37)),)}, {"axis": 1}),
-        ("edge-zero-length-parts", {"xs": (np.zeros((2, 0), np.float32), _normal(rng, (2, 3)),
-                                           np.zeros((2, 0), np.float32))}, {"axis": 1}),
-        ("edge-all-empty", {"xs": (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))}, {"axis": 0}),
-        ("edge-empty-other-axis", {"xs": (np.zeros((0, 2), np.float32), np.zeros((0, 3), np.float32))}, {"axis": 1}),
-        ("edge-rank1", {"xs": (_normal(rng, (1,)), _normal(rng, (5,)))}, {"axis": -1}),
-        ("edge-many", {"xs": tuple(_normal(rng, (2, k, 3)) for k in range(1, 10))}, {"axis": 1}),
-        ("edge-special", {"xs": (_specials((7, 2)), _specials((7, 3))[::-1].copy())}, {"axis": 1}),
-    ])
+    return _edges(
+        [
+            ("edge-one-input", {"xs": (_normal(rng, (3, 37)),)}, {"axis": 1}),
+            (
+                "edge-zero-length-parts",
+                {"xs": (np.zeros((2, 0), np.float32), _normal(rng, (2, 3)), np.zeros((2, 0), np.float32))},
+                {"axis": 1},
+            ),
+            ("edge-all-empty", {"xs": (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))}, {"axis": 0}),
+            (
+                "edge-empty-other-axis",
+                {"xs": (np.zeros((0, 2), np.float32), np.zeros((0, 3), np.float32))},
+                {"axis": 1},
+            ),
+            ("edge-rank1", {"xs": (_normal(rng, (1,)), _normal(rng, (5,)))}, {"axis": -1}),
+            ("edge-many", {"xs": tuple(_normal(rng, (2, k, 3)) for k in range(1, 10))}, {"axis": 1}),
+            ("edge-special", {"xs": (_specials((7, 2)), _specials((7, 3))[::-1].copy())}, {"axis": 1}),
+        ]
+    )
 
 
 def _concat_errors() -> list[ErrorCase]:
     a, b = np.zeros((2, 3), np.float32), np.zeros((3, 3), np.float32)
     return [
         _error("error-empty-list", {"xs": ()}, {"axis": 0}, ShapeError, r"concat: xs: must be a non-empty list"),
-        _error("error-shape-mismatch", {"xs": (a, a, b)}, {"axis": 1}, ShapeError, r"concat: xs\[2\]: must match xs\[0\]"),
-        _error("error-rank-mismatch", {"xs": (a, np.zeros((2, 3, 1), np.float32))}, {"axis": 0}, ShapeError,
-               r"xs\[1\]: must have the rank of xs\[0\]"),
+        _error(
+            "error-shape-mismatch", {"xs": (a, a, b)}, {"axis": 1}, ShapeError, r"concat: xs\[2\]: must match xs\[0\]"
+        ),
+        _error(
+            "error-rank-mismatch",
+            {"xs": (a, np.zeros((2, 3, 1), np.float32))},
+            {"axis": 0},
+            ShapeError,
+            r"xs\[1\]: must have the rank of xs\[0\]",
+        ),
         _error("error-axis-range", {"xs": (a, a)}, {"axis": 2}, ParamError, r"concat: axis: must be in \[-2, 2\)"),
         _error("error-rank0", {"xs": (f32(1.0), f32(2.0))}, {"axis": 0}, ParamError, r"concat: axis: .* for rank 0"),
     ]
 
 
 CONCAT = OpSpec(
-    name="concat", family="view",
+    name="concat",
+    family="view",
     inputs=(Tensor("xs", "list of (…), equal but along axis", variadic=True),),
     params=(Param("axis", "axis", doc="the axis joined along; negative counts from the end"),),
-    shape_rule="xs[0].shape with axis summed over xs", shape=_concat_shape,
+    shape_rule="xs[0].shape with axis summed over xs",
+    shape=_concat_shape,
     forward=lambda a, p: np.concatenate(a["xs"], axis=p["axis"]),
     vjp=_concat_vjp,
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _concat_vjp(a, p, y, _abs(g)),
-    error=COPY, vjp_error=COPY,
-    cost=lambda shapes, p: Cost(bytes_read=4 * sum(numel(s) for s in shapes["xs"]),
-                                bytes_written=4 * sum(numel(s) for s in shapes["xs"]), flops=0),
-    samples=_concat_samples, edges=_concat_edges, errors=_concat_errors,
+    error=COPY,
+    vjp_error=COPY,
+    cost=lambda shapes, p: Cost(
+        bytes_read=4 * sum(numel(s) for s in shapes["xs"]),
+        bytes_written=4 * sum(numel(s) for s in shapes["xs"]),
+        flops=0,
+    ),
+    samples=_concat_samples,
+    edges=_concat_edges,
+    errors=_concat_errors,
     doc="concat(xs, axis): the inputs joined along axis; each input's gradient is its slice of g.",
 )
 
@@ -371,9 +467,12 @@ def _slice_shape(shapes, p) -> tuple:
     if length < 0:
         raise ParamError("slice", "length", f"must be >= 0, got {length}")
     if start + length > size:
-        raise ParamError("slice", "length", f"start + length must be <= {size} (the size of axis {axis} of x), "
-                                            f"got {start} + {length}")
-    return x_shape[:axis] + (length,) + x_shape[axis + 1:]
+        raise ParamError(
+            "slice",
+            "length",
+            f"start + length must be <= {size} (the size of axis {axis} of x), got {start} + {length}",
+        )
+    return x_shape[:axis] + (length,) + x_shape[axis + 1 :]
 
 
 def _range(p, rank: int) -> tuple:
@@ -389,26 +488,31 @@ def _slice_vjp(a, p, y, g) -> dict:
 
 
 def _slice_samples(size: str, rng: np.random.Generator) -> list[Sample]:
-    cases = {"small": (((4, 9), (1, 2, 5)), ((6, 5), (0, 0, 3)), ((2, 3, 7), (-1, 4, 3))),
-             "medium": (((64, 129), (1, 17, 100)), ((30, 40, 50), (1, 3, 31))),
-             "large": (((1024, 2047), (0, 100, 700)),)}[size]
-    return _numbered(size, [({"x": _normal(rng, s)}, {"axis": ax, "start": st, "length": ln})
-                            for s, (ax, st, ln) in cases])
+    cases = {
+        "small": (((4, 9), (1, 2, 5)), ((6, 5), (0, 0, 3)), ((2, 3, 7), (-1, 4, 3))),
+        "medium": (((64, 129), (1, 17, 100)), ((30, 40, 50), (1, 3, 31))),
+        "large": (((1024, 2047), (0, 100, 700)),),
+    }[size]
+    return _numbered(
+        size, [({"x": _normal(rng, s)}, {"axis": ax, "start": st, "length": ln}) for s, (ax, st, ln) in cases]
+    )
 
 
 def _slice_edges() -> list[Sample]:
     rng = seeded_rng("slice", "edge")
     x = _normal(rng, (3, 37))
-    return _edges([
-        ("edge-length0", {"x": x}, {"axis": 1, "start": 5, "length": 0}),
-        ("edge-length0-at-end", {"x": x}, {"axis": 1, "start": 37, "length": 0}),
-        ("edge-full-axis", {"x": x}, {"axis": 0, "start": 0, "length": 3}),
-        ("edge-first", {"x": x}, {"axis": -1, "start": 0, "length": 1}),
-        ("edge-last", {"x": x}, {"axis": -1, "start": 36, "length": 1}),
-        ("edge-empty-other-axis", {"x": np.zeros((0, 5), np.float32)}, {"axis": 1, "start": 1, "length": 3}),
-        ("edge-rank1", {"x": _normal(rng, (7,))}, {"axis": 0, "start": 2, "length": 4}),
-        ("edge-special", {"x": _specials((3, 14))}, {"axis": 1, "start": 1, "length": 13}),
-    ])
+    return _edges(
+        [
+            ("edge-length0", {"x": x}, {"axis": 1, "start": 5, "length": 0}),
+            ("edge-length0-at-end", {"x": x}, {"axis": 1, "start": 37, "length": 0}),
+            ("edge-full-axis", {"x": x}, {"axis": 0, "start": 0, "length": 3}),
+            ("edge-first", {"x": x}, {"axis": -1, "start": 0, "length": 1}),
+            ("edge-last", {"x": x}, {"axis": -1, "start": 36, "length": 1}),
+            ("edge-empty-other-axis", {"x": np.zeros((0, 5), np.float32)}, {"axis": 1, "start": 1, "length": 3}),
+            ("edge-rank1", {"x": _normal(rng, (7,))}, {"axis": 0, "start": 2, "length": 4}),
+            ("edge-special", {"x": _specials((3, 14))}, {"axis": 1, "start": 1, "length": 13}),
+        ]
+    )
 
 
 def _slice_errors() -> list[ErrorCase]:
@@ -416,32 +520,46 @@ def _slice_errors() -> list[ErrorCase]:
 
     def refused(case, axis, start, length, match):
         return _error(case, {"x": x}, {"axis": axis, "start": start, "length": length}, ParamError, match)
+
     return [
         refused("error-axis-range", 2, 0, 1, r"slice: axis: must be in \[-2, 2\)"),
         refused("error-start-negative", 1, -1, 2, r"slice: start: must be in \[0, 6\]"),
         refused("error-start-past-end", 1, 7, 0, r"slice: start: must be in \[0, 6\]"),
         refused("error-length-negative", 1, 2, -1, r"slice: length: must be >= 0"),
         refused("error-past-end", 0, 2, 3, r"slice: length: start \+ length must be <= 4"),
-        _error("error-rank0", {"x": f32(1.0)}, {"axis": 0, "start": 0, "length": 1}, ParamError,
-               r"slice: axis: .* for rank 0"),
+        _error(
+            "error-rank0",
+            {"x": f32(1.0)},
+            {"axis": 0, "start": 0, "length": 1},
+            ParamError,
+            r"slice: axis: .* for rank 0",
+        ),
     ]
 
 
 SLICE = OpSpec(
-    name="slice", family="view",
+    name="slice",
+    family="view",
     inputs=(Tensor("x", "(…)"),),
-    params=(Param("axis", "axis", doc="the sliced axis; negative counts from the end"),
-            Param("start", "int", doc="first index taken, 0 <= start"),
-            Param("length", "int", doc="how many indices, start + length <= size")),
-    shape_rule="x.shape with axis replaced by length", shape=_slice_shape,
+    params=(
+        Param("axis", "axis", doc="the sliced axis; negative counts from the end"),
+        Param("start", "int", doc="first index taken, 0 <= start"),
+        Param("length", "int", doc="how many indices, start + length <= size"),
+    ),
+    shape_rule="x.shape with axis replaced by length",
+    shape=_slice_shape,
     forward=lambda a, p: a["x"][_range(p, a["x"].ndim)].copy(),
     vjp=_slice_vjp,
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _slice_vjp(a, p, y, _abs(g)),
-    error=COPY, vjp_error=Exact("a copy into zeros"),
-    cost=lambda shapes, p: Cost(bytes_read=4 * numel(_slice_shape(shapes, p)),
-                                bytes_written=4 * numel(_slice_shape(shapes, p)), flops=0),
-    samples=_slice_samples, edges=_slice_edges, errors=_slice_errors,
+    error=COPY,
+    vjp_error=Exact("a copy into zeros"),
+    cost=lambda shapes, p: Cost(
+        bytes_read=4 * numel(_slice_shape(shapes, p)), bytes_written=4 * numel(_slice_shape(shapes, p)), flops=0
+    ),
+    samples=_slice_samples,
+    edges=_slice_edges,
+    errors=_slice_errors,
     doc="slice(x, axis, start, length): x[..., start:start + length, ...] along axis.",
 )
 

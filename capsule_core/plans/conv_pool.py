@@ -117,16 +117,30 @@ def packed_elements(reduction_channels: int, out_channels: int, kernel_volume: i
     return _cdiv(kernel_volume * group, CORR_BK) * CORR_BK * _cdiv(out_channels, CORR_TILE[1]) * CORR_TILE[1]
 
 
-def corr_launches(symbol: str, operands: tuple[str, ...], reduction_channels: int, out_channels: int,
-                  kernel_volume: int, rows: int, correlation: bool, scalars: tuple) -> tuple[Buffer, Launch, Launch]:
+def corr_launches(
+    symbol: str,
+    operands: tuple[str, ...],
+    reduction_channels: int,
+    out_channels: int,
+    kernel_volume: int,
+    rows: int,
+    correlation: bool,
+    scalars: tuple,
+) -> tuple[Buffer, Launch, Launch]:
     """The workspace `packed`, the launch that packs the weights into it, then the GEMM (its _flat
     kernel when corr_flat): operands are the GEMM's buffer arguments, "packed" in the weights' place."""
     flat = corr_flat(reduction_channels, correlation)
     count = packed_elements(reduction_channels, out_channels, kernel_volume, flat)
-    return (Buffer("packed", "workspace", "float32", count),
-            Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars, int(flat))),
-            Launch(f"{symbol}_flat" if flat else symbol, corr_grid(rows, out_channels), (GEMM_THREADS, 1, 1),
-                   (*operands, *scalars)))
+    return (
+        Buffer("packed", "workspace", "float32", count),
+        Launch(f"{symbol}_pack", *grid_1d(count, SUM_THREADS), ("w", "packed", *scalars, int(flat))),
+        Launch(
+            f"{symbol}_flat" if flat else symbol,
+            corr_grid(rows, out_channels),
+            (GEMM_THREADS, 1, 1),
+            (*operands, *scalars),
+        ),
+    )
 
 
 def weight_splits(positions: int, x_channels: int, g_channels: int, kernel_volume: int) -> int:
@@ -143,10 +157,23 @@ def _conv_plans(op: str, transposed: bool):
     def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, w, out, c_out, scalars = _conv_shapes(inputs, p, transposed)
         y = (x[0], c_out, *out)
-        packed, *launches = corr_launches(f"capsule_{op}_fwd", ("x", "packed", "b", "out"), x[1], c_out,
-                                          _volume(w[2:]), x[0] * _volume(out), not transposed, scalars)
-        buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("w", "input", "float32", _volume(w)),
-                   Buffer("b", "input", "float32", c_out), Buffer("out", "output", "float32", _volume(y)), packed)
+        packed, *launches = corr_launches(
+            f"capsule_{op}_fwd",
+            ("x", "packed", "b", "out"),
+            x[1],
+            c_out,
+            _volume(w[2:]),
+            x[0] * _volume(out),
+            not transposed,
+            scalars,
+        )
+        buffers = (
+            Buffer("x", "input", "float32", _volume(x)),
+            Buffer("w", "input", "float32", _volume(w)),
+            Buffer("b", "input", "float32", c_out),
+            Buffer("out", "output", "float32", _volume(y)),
+            packed,
+        )
         return LaunchPlan(op, "forward", buffers, tuple(launches), output_shapes={"out": y})
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
@@ -154,18 +181,26 @@ def _conv_plans(op: str, transposed: bool):
         n, c_in, kv = x[0], x[1], _volume(w[2:])
         y = (n, c_out, *out)
         # dw[gc, xc, k] sums over the positions of the operand that is not read through windows.
-        positions, g_channels, x_channels = (n * _volume(x[2:]), c_in, c_out) if transposed else (n * _volume(out), c_out, c_in)
+        positions, g_channels, x_channels = (
+            (n * _volume(x[2:]), c_in, c_out) if transposed else (n * _volume(out), c_out, c_in)
+        )
         splits = weight_splits(positions, x_channels, g_channels, kv)
         count = _volume(w)
         block = (GEMM_THREADS, 1, 1)
-        buffers = [Buffer("x", "input", "float32", _volume(x)), Buffer("w", "input", "float32", count),
-                   Buffer("g", "input", "float32", _volume(y)), Buffer("dx", "output", "float32", _volume(x)),
-                   Buffer("dw", "output", "float32", count), Buffer("db", "output", "float32", c_out)]
+        buffers = [
+            Buffer("x", "input", "float32", _volume(x)),
+            Buffer("w", "input", "float32", count),
+            Buffer("g", "input", "float32", _volume(y)),
+            Buffer("dx", "output", "float32", _volume(x)),
+            Buffer("dw", "output", "float32", count),
+            Buffer("db", "output", "float32", c_out),
+        ]
         weight_tiles = _cdiv(x_channels, WEIGHT_TILE[0]) * _cdiv(g_channels, WEIGHT_TILE[1]) * kv * splits
         weight_grid = (max(1, min(weight_tiles, MAX_BLOCKS)), 1, 1)
         # dx is a GEMM over the c_out channels of g into the c_in channels of x.
-        packed, *launches = corr_launches(f"capsule_{op}_bwd_x", ("g", "packed", "dx"), c_out, c_in, kv,
-                                          n * _volume(x[2:]), transposed, scalars)
+        packed, *launches = corr_launches(
+            f"capsule_{op}_bwd_x", ("g", "packed", "dx"), c_out, c_in, kv, n * _volume(x[2:]), transposed, scalars
+        )
         buffers.append(packed)
         if splits == 1:
             # The kernel writes dw directly and never touches `partial`.
@@ -174,12 +209,27 @@ def _conv_plans(op: str, transposed: bool):
             buffers.append(Buffer("dw_partial", "workspace", "float32", splits * count))
             launches += [
                 Launch(f"capsule_{op}_bwd_w", weight_grid, block, ("x", "g", "dw", "dw_partial", *scalars, splits)),
-                Launch(f"capsule_{op}_bwd_wsum", *grid_1d(_cdiv(count, 4), SUM_THREADS), ("dw_partial", "dw", count, splits)),
+                Launch(
+                    f"capsule_{op}_bwd_wsum",
+                    *grid_1d(_cdiv(count, 4), SUM_THREADS),
+                    ("dw_partial", "dw", count, splits),
+                ),
             ]
-        launches.append(Launch(f"capsule_{op}_bwd_b", (max(1, min(c_out, MAX_BLOCKS)), 1, 1), (SUM_THREADS, 1, 1),
-                               ("g", "db", *scalars)))
-        return LaunchPlan(op, "backward", tuple(buffers), tuple(launches),
-                          output_shapes={"dx": tuple(x), "dw": tuple(w), "db": (c_out,)})
+        launches.append(
+            Launch(
+                f"capsule_{op}_bwd_b",
+                (max(1, min(c_out, MAX_BLOCKS)), 1, 1),
+                (SUM_THREADS, 1, 1),
+                ("g", "db", *scalars),
+            )
+        )
+        return LaunchPlan(
+            op,
+            "backward",
+            tuple(buffers),
+            tuple(launches),
+            output_shapes={"dx": tuple(x), "dw": tuple(w), "db": (c_out,)},
+        )
 
     return forward, backward
 
@@ -199,6 +249,7 @@ def _pool_shapes(inputs: Mapping[str, Any], p: Mapping[str, Any]):
 
 def _pool_plans(op: str, backward_reads: tuple[str, ...], float_params: tuple[str, ...] = ()):
     """backward_reads: the buffers capsule_<op>_bwd reads before g ("out" is the forward result)."""
+
     def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         x, y, scalars = _pool_shapes(inputs, p)
         extra = tuple(np.float32(p[k]) for k in float_params)
@@ -211,9 +262,12 @@ def _pool_plans(op: str, backward_reads: tuple[str, ...], float_params: tuple[st
         extra = tuple(np.float32(p[k]) for k in float_params)
         sizes = {"x": _volume(x), "out": _volume(y)}
         buffers = tuple(Buffer(name, "input", "float32", sizes[name]) for name in backward_reads) + (
-            Buffer("g", "input", "float32", _volume(y)), Buffer("dx", "output", "float32", _volume(x)))
-        launch = Launch(f"capsule_{op}_bwd", *grid_1d(_volume(x), POOL_THREADS),
-                        (*backward_reads, "g", "dx", *scalars, *extra))
+            Buffer("g", "input", "float32", _volume(y)),
+            Buffer("dx", "output", "float32", _volume(x)),
+        )
+        launch = Launch(
+            f"capsule_{op}_bwd", *grid_1d(_volume(x), POOL_THREADS), (*backward_reads, "g", "dx", *scalars, *extra)
+        )
         return LaunchPlan(op, "backward", buffers, (launch,), output_shapes={"dx": x})
 
     return forward, backward
@@ -225,10 +279,16 @@ def _max_pool_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launc
     x, y, scalars = _pool_shapes(inputs, p)
     wide = _volume(x[2:]) >= ARGMAX32_LIMIT
     suffix, index = ("_wide", "int64") if wide else ("", "int32")
-    buffers = (Buffer("x", "input", "float32", _volume(x)), Buffer("g", "input", "float32", _volume(y)),
-               Buffer("dx", "output", "float32", _volume(x)), Buffer("argmax", "workspace", index, _volume(y)))
-    launches = (Launch(f"capsule_max_pool_bwd_argmax{suffix}", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
-                Launch(f"capsule_max_pool_bwd{suffix}", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)))
+    buffers = (
+        Buffer("x", "input", "float32", _volume(x)),
+        Buffer("g", "input", "float32", _volume(y)),
+        Buffer("dx", "output", "float32", _volume(x)),
+        Buffer("argmax", "workspace", index, _volume(y)),
+    )
+    launches = (
+        Launch(f"capsule_max_pool_bwd_argmax{suffix}", *grid_1d(_volume(y), POOL_THREADS), ("x", "argmax", *scalars)),
+        Launch(f"capsule_max_pool_bwd{suffix}", *grid_1d(_volume(x), POOL_THREADS), ("argmax", "g", "dx", *scalars)),
+    )
     return LaunchPlan("max_pool", "backward", buffers, launches, output_shapes={"dx": x})
 
 
@@ -241,18 +301,33 @@ PLANS = {
 }
 
 
-GEMM_MIN_BLOCKS = {"capsule_conv_fwd": 4, "capsule_conv_fwd_flat": 4, "capsule_conv_bwd_x": 4, "capsule_conv_bwd_w": 6,
-                   "capsule_conv_transpose_fwd": 4, "capsule_conv_transpose_bwd_x": 4,
-                   "capsule_conv_transpose_bwd_x_flat": 4, "capsule_conv_transpose_bwd_w": 6}
+GEMM_MIN_BLOCKS = {
+    "capsule_conv_fwd": 4,
+    "capsule_conv_fwd_flat": 4,
+    "capsule_conv_bwd_x": 4,
+    "capsule_conv_bwd_w": 6,
+    "capsule_conv_transpose_fwd": 4,
+    "capsule_conv_transpose_bwd_x": 4,
+    "capsule_conv_transpose_bwd_x_flat": 4,
+    "capsule_conv_transpose_bwd_w": 6,
+}
 """The implicit-GEMM kernels' __launch_bounds__(GEMM_THREADS, blocks)."""
 
-POOL_MIN_BLOCKS = {"capsule_max_pool_fwd": 4, "capsule_max_pool_bwd_argmax": 4, "capsule_max_pool_bwd_argmax_wide": 4,
-                   "capsule_max_pool_bwd": 4, "capsule_max_pool_bwd_wide": 4}
+POOL_MIN_BLOCKS = {
+    "capsule_max_pool_fwd": 4,
+    "capsule_max_pool_bwd_argmax": 4,
+    "capsule_max_pool_bwd_argmax_wide": 4,
+    "capsule_max_pool_bwd": 4,
+    "capsule_max_pool_bwd_wide": 4,
+}
 """Memory-bound pool kernels with __launch_bounds__(POOL_THREADS, blocks): at least 50 % occupancy."""
 
 BUDGET = KernelBudget(
     max_registers=register_budget(max(POOL_THREADS, SUM_THREADS)),
-    registers={**{name: register_budget(GEMM_THREADS, blocks) for name, blocks in GEMM_MIN_BLOCKS.items()},
-               **{name: register_budget(POOL_THREADS, blocks) for name, blocks in POOL_MIN_BLOCKS.items()}})
+    registers={
+        **{name: register_budget(GEMM_THREADS, blocks) for name, blocks in GEMM_MIN_BLOCKS.items()},
+        **{name: register_budget(POOL_THREADS, blocks) for name, blocks in POOL_MIN_BLOCKS.items()},
+    },
+)
 """The GEMM kernels keep GEMM_MIN_BLOCKS blocks per multiprocessor, the POOL_MIN_BLOCKS kernels
 theirs; the others fit a block."""

@@ -42,7 +42,7 @@ def segment_warp_mode(size: int, inner: int, count: int, block_threads: int = BL
 
 def _axis_view(shape, axis: int) -> tuple[int, int, int]:
     """(outer, size, inner) of `shape` around `axis`."""
-    return _numel(shape[:axis]), int(shape[axis]), _numel(shape[axis + 1:])
+    return _numel(shape[:axis]), int(shape[axis]), _numel(shape[axis + 1 :])
 
 
 def _gather_grid(outer: int, count: int, inner: int):
@@ -56,7 +56,7 @@ def _segment_grid(outer: int, size: int, inner: int, count: int):
 
 
 def _with_axis(shape, axis: int, size: int) -> tuple:
-    return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1:])
+    return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1 :])
 
 
 # -- gather ----------------------------------------------------------------------------------------
@@ -69,8 +69,11 @@ def gather_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPla
     y_shape = _with_axis(x_shape, axis, count)
     grid, block = _gather_grid(outer, count, inner)
     launch = Launch("capsule_gather_fwd", grid, block, ("x", "index", "out", outer, size, inner, count))
-    buffers = (Buffer("x", "input", "float32", _numel(x_shape)), Buffer("index", "input", "int64", count),
-               Buffer("out", "output", "float32", _numel(y_shape)))
+    buffers = (
+        Buffer("x", "input", "float32", _numel(x_shape)),
+        Buffer("index", "input", "int64", count),
+        Buffer("out", "output", "float32", _numel(y_shape)),
+    )
     return LaunchPlan("gather", "forward", buffers, (launch,), output_shapes={"out": y_shape})
 
 
@@ -82,10 +85,13 @@ def gather_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPl
     order, starts = csr(index, size)
     grid, block = _segment_grid(outer, size, inner, count)
     launch = Launch("capsule_gather_bwd", grid, block, ("g", "order", "starts", "dx", outer, size, inner, count))
-    buffers = (Buffer("g", "input", "float32", outer * count * inner), Buffer("order", "meta", "int64", order.size),
-               Buffer("starts", "meta", "int64", starts.size), Buffer("dx", "output", "float32", _numel(x_shape)))
-    return LaunchPlan("gather", "backward", buffers, (launch,), {"order": order, "starts": starts},
-                      {"dx": x_shape})
+    buffers = (
+        Buffer("g", "input", "float32", outer * count * inner),
+        Buffer("order", "meta", "int64", order.size),
+        Buffer("starts", "meta", "int64", starts.size),
+        Buffer("dx", "output", "float32", _numel(x_shape)),
+    )
+    return LaunchPlan("gather", "backward", buffers, (launch,), {"order": order, "starts": starts}, {"dx": x_shape})
 
 
 # -- scatter_add -----------------------------------------------------------------------------------
@@ -98,14 +104,20 @@ def scatter_add_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
     outer, size, inner = _axis_view(base_shape, axis)
     order, starts = csr(index, size)
     grid, block = _segment_grid(outer, size, inner, count)
-    launch = Launch("capsule_scatter_add_fwd", grid, block,
-                    ("base", "src", "order", "starts", "out", outer, size, inner, count))
+    launch = Launch(
+        "capsule_scatter_add_fwd", grid, block, ("base", "src", "order", "starts", "out", outer, size, inner, count)
+    )
     n = _numel(base_shape)
-    buffers = (Buffer("base", "input", "float32", n), Buffer("src", "input", "float32", outer * count * inner),
-               Buffer("order", "meta", "int64", order.size), Buffer("starts", "meta", "int64", starts.size),
-               Buffer("out", "output", "float32", n))
-    return LaunchPlan("scatter_add", "forward", buffers, (launch,), {"order": order, "starts": starts},
-                      {"out": base_shape})
+    buffers = (
+        Buffer("base", "input", "float32", n),
+        Buffer("src", "input", "float32", outer * count * inner),
+        Buffer("order", "meta", "int64", order.size),
+        Buffer("starts", "meta", "int64", starts.size),
+        Buffer("out", "output", "float32", n),
+    )
+    return LaunchPlan(
+        "scatter_add", "forward", buffers, (launch,), {"order": order, "starts": starts}, {"out": base_shape}
+    )
 
 
 def scatter_add_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
@@ -118,10 +130,15 @@ def scatter_add_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Lau
     gather_items = n_src // VECTOR if inner % VECTOR == 0 else n_src
     grid, block = grid_1d(max(copy_items, gather_items), BLOCK)
     launch = Launch("capsule_scatter_add_bwd", grid, block, ("g", "index", "dbase", "dsrc", outer, size, inner, count))
-    buffers = (Buffer("g", "input", "float32", n), Buffer("index", "input", "int64", count),
-               Buffer("dbase", "output", "float32", n), Buffer("dsrc", "output", "float32", n_src))
-    return LaunchPlan("scatter_add", "backward", buffers, (launch,),
-                      output_shapes={"dbase": base_shape, "dsrc": src_shape})
+    buffers = (
+        Buffer("g", "input", "float32", n),
+        Buffer("index", "input", "int64", count),
+        Buffer("dbase", "output", "float32", n),
+        Buffer("dsrc", "output", "float32", n_src),
+    )
+    return LaunchPlan(
+        "scatter_add", "backward", buffers, (launch,), output_shapes={"dbase": base_shape, "dsrc": src_shape}
+    )
 
 
 PLANS = {

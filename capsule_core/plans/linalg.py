@@ -144,16 +144,31 @@ def gemm_config(batch: int, m: int, n: int, k: int) -> tuple[tuple[int, int, int
     return best[1], best[2]
 
 
-def gemm_launches(symbol: str, ksum: str, operands: tuple[str, str], out: str, dims: tuple, batch: int, m: int,
-                  n: int, k: int, workspace: str = "partial", bias: str | None = None) -> tuple[tuple[Launch, ...], int]:
+def gemm_launches(
+    symbol: str,
+    ksum: str,
+    operands: tuple[str, str],
+    out: str,
+    dims: tuple,
+    batch: int,
+    m: int,
+    n: int,
+    k: int,
+    workspace: str = "partial",
+    bias: str | None = None,
+) -> tuple[tuple[Launch, ...], int]:
     """The launches of one SGEMM entry point whose GEMM has `batch` outputs of m×n over k (one, or
     with split-K two: the partials, then their sum through `ksum`), and the workspace they need
     (elements; 0: none)."""
     shape, splits = gemm_config(batch, m, n, k)
     bm, bn, threads = shape
     tiles = batch * _cdiv(m, bm) * _cdiv(n, bn)
-    gemm = Launch(symbol, _grid(tiles * splits), (threads, 1, 1),
-                  (*operands, *((bias,) if bias else ()), out, workspace if splits > 1 else out, *dims, splits))
+    gemm = Launch(
+        symbol,
+        _grid(tiles * splits),
+        (threads, 1, 1),
+        (*operands, *((bias,) if bias else ()), out, workspace if splits > 1 else out, *dims, splits),
+    )
     if splits == 1:
         return (gemm,), 0
     count = batch * m * n
@@ -196,10 +211,14 @@ def _matmul_dims(inputs):
 def matmul_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
     a, b, batch, m, k, n = _matmul_dims(inputs)
     out = tuple(a[:-1]) + (n,)
-    launches, workspace = gemm_launches("capsule_matmul_fwd", "capsule_matmul_fwd_ksum", ("a", "b"), "out",
-                                        (batch, m, k, n), batch, m, n, k)
-    buffers = (Buffer("a", "input", "float32", _numel(a)), Buffer("b", "input", "float32", _numel(b)),
-               Buffer("out", "output", "float32", _numel(out)))
+    launches, workspace = gemm_launches(
+        "capsule_matmul_fwd", "capsule_matmul_fwd_ksum", ("a", "b"), "out", (batch, m, k, n), batch, m, n, k
+    )
+    buffers = (
+        Buffer("a", "input", "float32", _numel(a)),
+        Buffer("b", "input", "float32", _numel(b)),
+        Buffer("out", "output", "float32", _numel(out)),
+    )
     buffers += (Buffer("partial", "workspace", "float32", workspace),) if workspace else ()
     return LaunchPlan("matmul", "forward", buffers, launches, output_shapes={"out": out})
 
@@ -209,9 +228,13 @@ def matmul_backward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Lau
     dims = (batch, m, k, n)
     da, da_ws = gemm_launches("capsule_matmul_bwd_a", "capsule_matmul_bwd_ksum", ("g", "b"), "da", dims, batch, m, k, n)
     db, db_ws = gemm_launches("capsule_matmul_bwd_b", "capsule_matmul_bwd_ksum", ("a", "g"), "db", dims, batch, k, n, m)
-    buffers = (Buffer("a", "input", "float32", _numel(a)), Buffer("b", "input", "float32", _numel(b)),
-               Buffer("g", "input", "float32", batch * m * n),
-               Buffer("da", "output", "float32", _numel(a)), Buffer("db", "output", "float32", _numel(b)))
+    buffers = (
+        Buffer("a", "input", "float32", _numel(a)),
+        Buffer("b", "input", "float32", _numel(b)),
+        Buffer("g", "input", "float32", batch * m * n),
+        Buffer("da", "output", "float32", _numel(a)),
+        Buffer("db", "output", "float32", _numel(b)),
+    )
     # The two GEMMs run one after the other: they share one workspace.
     buffers += (Buffer("partial", "workspace", "float32", max(da_ws, db_ws)),) if da_ws or db_ws else ()
     return LaunchPlan("matmul", "backward", buffers, da + db, output_shapes={"da": tuple(a), "db": tuple(b)})
@@ -228,8 +251,12 @@ def _linear_dims(inputs):
 def linear_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
     x, w, rows, width, out_features = _linear_dims(inputs)
     out = tuple(x[:-1]) + (out_features,)
-    buffers = (Buffer("x", "input", "float32", _numel(x)), Buffer("w", "input", "float32", _numel(w)),
-               Buffer("b", "input", "float32", out_features), Buffer("out", "output", "float32", _numel(out)))
+    buffers = (
+        Buffer("x", "input", "float32", _numel(x)),
+        Buffer("w", "input", "float32", _numel(w)),
+        Buffer("b", "input", "float32", out_features),
+        Buffer("out", "output", "float32", _numel(out)),
+    )
     dims = (rows, width, out_features)
     if rows <= GEMV_ROWS:
         _, cols, resident, symbol = gemv_tile(rows)
@@ -237,13 +264,25 @@ def linear_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Laun
         blocks = _cdiv(_cdiv(out_features, cols), GEMV_THREADS // 32 // k_warps)
         launches = (Launch(symbol, _grid(blocks), (GEMV_THREADS, 1, 1), ("x", "w", "b", "out", *dims, k_warps)),)
     else:
-        launches, workspace = gemm_launches("capsule_linear_fwd", "capsule_linear_fwd_ksum", ("x", "w"), "out", dims,
-                                            1, rows, out_features, width, bias="b")
+        launches, workspace = gemm_launches(
+            "capsule_linear_fwd",
+            "capsule_linear_fwd_ksum",
+            ("x", "w"),
+            "out",
+            dims,
+            1,
+            rows,
+            out_features,
+            width,
+            bias="b",
+        )
         buffers += (Buffer("partial", "workspace", "float32", workspace),) if workspace else ()
     return LaunchPlan("linear", "forward", buffers, launches, output_shapes={"out": out})
 
 
-def column_sum_launches(source: str, target: str, rows: int, cols: int, workspace: str) -> tuple[tuple[Launch, ...], int]:
+def column_sum_launches(
+    source: str, target: str, rows: int, cols: int, workspace: str
+) -> tuple[tuple[Launch, ...], int]:
     """Launches summing the columns of `source` (rows × cols) into `target` (cols), and the
     workspace they need (elements; 0: one launch, no workspace)."""
     strips = _cdiv(cols, COLUMN_STRIP)
@@ -253,29 +292,38 @@ def column_sum_launches(source: str, target: str, rows: int, cols: int, workspac
         return (Launch("capsule_linear_bwd_b", _grid(strips), block, (source, target, rows, cols, max(rows, 1))),), 0
     chunk = _cdiv(rows, chunks)
     chunks = _cdiv(rows, chunk)
-    return (Launch("capsule_linear_bwd_b", _grid(chunks * strips), block, (source, workspace, rows, cols, chunk)),
-            Launch("capsule_linear_bwd_b", _grid(strips), block, (workspace, target, chunks, cols, chunks))), chunks * cols
+    return (
+        Launch("capsule_linear_bwd_b", _grid(chunks * strips), block, (source, workspace, rows, cols, chunk)),
+        Launch("capsule_linear_bwd_b", _grid(strips), block, (workspace, target, chunks, cols, chunks)),
+    ), chunks * cols
 
 
 def linear_backward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
     x, w, rows, width, out_features = _linear_dims(inputs)
     dims = (rows, width, out_features)
     sums, workspace = column_sum_launches("g", "db", rows, out_features, "db_partials")
-    buffers = (Buffer("x", "input", "float32", _numel(x)), Buffer("w", "input", "float32", _numel(w)),
-               Buffer("g", "input", "float32", rows * out_features),
-               Buffer("dx", "output", "float32", _numel(x)), Buffer("dw", "output", "float32", _numel(w)),
-               Buffer("db", "output", "float32", out_features))
+    buffers = (
+        Buffer("x", "input", "float32", _numel(x)),
+        Buffer("w", "input", "float32", _numel(w)),
+        Buffer("g", "input", "float32", rows * out_features),
+        Buffer("dx", "output", "float32", _numel(x)),
+        Buffer("dw", "output", "float32", _numel(w)),
+        Buffer("db", "output", "float32", out_features),
+    )
     if workspace:
         buffers += (Buffer("db_partials", "workspace", "float32", workspace),)
-    dx, dx_ws = gemm_launches("capsule_linear_bwd_x", "capsule_linear_bwd_ksum", ("g", "w"), "dx", dims,
-                              1, rows, width, out_features)
-    dw, dw_ws = gemm_launches("capsule_linear_bwd_w", "capsule_linear_bwd_ksum", ("x", "g"), "dw", dims,
-                              1, out_features, width, rows)
+    dx, dx_ws = gemm_launches(
+        "capsule_linear_bwd_x", "capsule_linear_bwd_ksum", ("g", "w"), "dx", dims, 1, rows, width, out_features
+    )
+    dw, dw_ws = gemm_launches(
+        "capsule_linear_bwd_w", "capsule_linear_bwd_ksum", ("x", "g"), "dw", dims, 1, out_features, width, rows
+    )
     # The two GEMMs run one after the other: they share one workspace.
     buffers += (Buffer("partial", "workspace", "float32", max(dx_ws, dw_ws)),) if dx_ws or dw_ws else ()
     launches = dx + dw + sums
-    return LaunchPlan("linear", "backward", buffers, launches,
-                      output_shapes={"dx": tuple(x), "dw": tuple(w), "db": (out_features,)})
+    return LaunchPlan(
+        "linear", "backward", buffers, launches, output_shapes={"dx": tuple(x), "dw": tuple(w), "db": (out_features,)}
+    )
 
 
 # -- mse_loss -----------------------------------------------------------------------------------
@@ -294,8 +342,12 @@ def mse_forward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchP
     # A single chunk writes the mean itself and never touches `partials`: no workspace then (one
     # that no launch writes would be read back uninitialised), the output passed in its place.
     partials = (Buffer("partials", "workspace", "float32", 2 * chunks),) if chunks > 1 else ()
-    buffers = (Buffer("pred", "input", "float32", n), Buffer("target", "input", "float32", n), *partials,
-               Buffer("out", "output", "float32", 1))
+    buffers = (
+        Buffer("pred", "input", "float32", n),
+        Buffer("target", "input", "float32", n),
+        *partials,
+        Buffer("out", "output", "float32", 1),
+    )
     block = (MSE_BLOCK, 1, 1)
     args = ("pred", "target", "partials" if partials else "out", "out", n, chunk)
     launches = (Launch("capsule_mse_loss_fwd", _grid(chunks), block, args + (0,)),)
@@ -308,9 +360,13 @@ def mse_backward(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Launch
     shape = tuple(np.shape(inputs["pred"]))
     n = _numel(shape)
     grid, block = grid_1d(_cdiv(n, 4), 256)
-    buffers = (Buffer("pred", "input", "float32", n), Buffer("target", "input", "float32", n),
-               Buffer("g", "input", "float32", 1),
-               Buffer("dpred", "output", "float32", n), Buffer("dtarget", "output", "float32", n))
+    buffers = (
+        Buffer("pred", "input", "float32", n),
+        Buffer("target", "input", "float32", n),
+        Buffer("g", "input", "float32", 1),
+        Buffer("dpred", "output", "float32", n),
+        Buffer("dtarget", "output", "float32", n),
+    )
     launch = Launch("capsule_mse_loss_bwd", grid, block, ("pred", "target", "g", "dpred", "dtarget", n))
     return LaunchPlan("mse_loss", "backward", buffers, (launch,), output_shapes={"dpred": shape, "dtarget": shape})
 
@@ -322,18 +378,32 @@ PLANS = {
 }
 
 
-GEMM_SYMBOLS = ("capsule_matmul_fwd", "capsule_matmul_bwd_a", "capsule_matmul_bwd_b", "capsule_linear_fwd",
-                "capsule_linear_bwd_x", "capsule_linear_bwd_w")
-KSUM_SYMBOLS = ("capsule_matmul_fwd_ksum", "capsule_matmul_bwd_ksum", "capsule_linear_fwd_ksum",
-                "capsule_linear_bwd_ksum")
+GEMM_SYMBOLS = (
+    "capsule_matmul_fwd",
+    "capsule_matmul_bwd_a",
+    "capsule_matmul_bwd_b",
+    "capsule_linear_fwd",
+    "capsule_linear_bwd_x",
+    "capsule_linear_bwd_w",
+)
+KSUM_SYMBOLS = (
+    "capsule_matmul_fwd_ksum",
+    "capsule_matmul_bwd_ksum",
+    "capsule_linear_fwd_ksum",
+    "capsule_linear_bwd_ksum",
+)
 GEMV_SYMBOLS = tuple(t[3] for t in GEMV_TILES)
 REDUCTION_MAX_THREADS = 1024
 """__launch_bounds__ of the reduction kernels (linear_bwd_b, mse_loss); the split sums have none
 (any block up to 1024 threads)."""
 
-BUDGET = KernelBudget(max_registers=register_budget(REDUCTION_MAX_THREADS),
-                      registers={**{name: register_budget(BIG[2], 2) for name in GEMM_SYMBOLS},
-                                 **{t[3]: register_budget(GEMV_THREADS, t[2]) for t in GEMV_TILES}})
+BUDGET = KernelBudget(
+    max_registers=register_budget(REDUCTION_MAX_THREADS),
+    registers={
+        **{name: register_budget(BIG[2], 2) for name in GEMM_SYMBOLS},
+        **{t[3]: register_budget(GEMV_THREADS, t[2]) for t in GEMV_TILES},
+    },
+)
 """GEMMs: two blocks of BIG's threads per multiprocessor (128 registers); the GEMVs: four blocks
 of 256 threads (64 registers) for 8 rows, two (128) for 16; the reductions and split sums: a
 1024-thread block (64 registers)."""

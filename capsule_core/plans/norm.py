@@ -109,12 +109,20 @@ def _rows_cols(x: np.ndarray) -> tuple[int, int]:
 def layer_norm_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x = inputs["x"]
     rows, cols = _rows_cols(x)
-    buffers = (_f32("x", "input", x.size), _f32("gamma", "input", cols), _f32("beta", "input", cols),
-               _f32("out", "output", x.size), _f32("mean", "workspace", rows), _f32("rstd", "workspace", rows))
+    buffers = (
+        _f32("x", "input", x.size),
+        _f32("gamma", "input", cols),
+        _f32("beta", "input", cols),
+        _f32("out", "output", x.size),
+        _f32("mean", "workspace", rows),
+        _f32("rstd", "workspace", rows),
+    )
     args = ("x", "gamma", "beta", "out", "mean", "rstd", rows, cols, np.float32(p["eps"]))
     threads = wide_threads(cols, WIDE_FWD_FLOATS)
     if threads:
-        launch = Launch("capsule_layer_norm_fwd_wide", (max(1, min(MAX_GRID_BLOCKS, rows)), 1, 1), (threads, 1, 1), args)
+        launch = Launch(
+            "capsule_layer_norm_fwd_wide", (max(1, min(MAX_GRID_BLOCKS, rows)), 1, 1), (threads, 1, 1), args
+        )
     else:
         launch = Launch("capsule_layer_norm_fwd", *row_grid(rows, cols), args)
     return LaunchPlan("layer_norm", "forward", buffers, (launch,), output_shapes={"out": tuple(x.shape)})
@@ -126,15 +134,25 @@ def layer_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
     eps = np.float32(p["eps"])
     threads = wide_threads(cols, WIDE_BWD_FLOATS)
     parts = wide_parts(rows, threads) if threads else column_parts(rows, cols)
-    outputs = (_f32("x", "input", x.size), _f32("gamma", "input", cols), _f32("g", "input", x.size),
-               _f32("dx", "output", x.size), _f32("dgamma", "output", cols), _f32("dbeta", "output", cols))
+    outputs = (
+        _f32("x", "input", x.size),
+        _f32("gamma", "input", cols),
+        _f32("g", "input", x.size),
+        _f32("dx", "output", x.size),
+        _f32("dgamma", "output", cols),
+        _f32("dbeta", "output", cols),
+    )
     partial = _f32("partial", "workspace", 2 * parts * cols)
     params = Launch("capsule_layer_norm_bwd_params", *grid_1d(cols, BLOCK), ("partial", "dgamma", "dbeta", cols, parts))
     if threads:
         buffers = outputs + (partial,)
         launches = (
-            Launch("capsule_layer_norm_bwd_x_wide", (parts, 1, 1), (threads, 1, 1),
-                   ("x", "gamma", "g", "dx", "partial", rows, cols, parts, eps)),
+            Launch(
+                "capsule_layer_norm_bwd_x_wide",
+                (parts, 1, 1),
+                (threads, 1, 1),
+                ("x", "gamma", "g", "dx", "partial", rows, cols, parts, eps),
+            ),
             params,
         )
     else:
@@ -142,12 +160,21 @@ def layer_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
         buffers = outputs + (_f32("mean", "workspace", rows), _f32("rstd", "workspace", rows), partial)
         launches = (
             Launch("capsule_layer_norm_bwd_x", grid, block, ("x", "gamma", "g", "dx", "mean", "rstd", rows, cols, eps)),
-            Launch("capsule_layer_norm_bwd_partials", (max(1, min(_ceil(cols, COLUMN_TILE), GRID_LIMITS[0])), parts, 1),
-                   (COLUMN_TILE, ROW_LANES, 1), ("x", "g", "mean", "rstd", "partial", rows, cols, parts)),
+            Launch(
+                "capsule_layer_norm_bwd_partials",
+                (max(1, min(_ceil(cols, COLUMN_TILE), GRID_LIMITS[0])), parts, 1),
+                (COLUMN_TILE, ROW_LANES, 1),
+                ("x", "g", "mean", "rstd", "partial", rows, cols, parts),
+            ),
             params,
         )
-    return LaunchPlan("layer_norm", "backward", buffers, launches,
-                      output_shapes={"dx": tuple(x.shape), "dgamma": (cols,), "dbeta": (cols,)})
+    return LaunchPlan(
+        "layer_norm",
+        "backward",
+        buffers,
+        launches,
+        output_shapes={"dx": tuple(x.shape), "dgamma": (cols,), "dbeta": (cols,)},
+    )
 
 
 # -- batch_norm ------------------------------------------------------------------------------------
@@ -167,9 +194,15 @@ def batch_norm_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launc
     n, c, s = _ncs(x)
     parts = channel_parts(n * s, c)
     eps = np.float32(p["eps"])
-    buffers = (_f32("x", "input", x.size), _f32("gamma", "input", c), _f32("beta", "input", c),
-               _f32("out", "output", x.size), _f32("mean", "workspace", c), _f32("rstd", "workspace", c),
-               _f32("partial", "workspace", 2 * c * parts))
+    buffers = (
+        _f32("x", "input", x.size),
+        _f32("gamma", "input", c),
+        _f32("beta", "input", c),
+        _f32("out", "output", x.size),
+        _f32("mean", "workspace", c),
+        _f32("rstd", "workspace", c),
+        _f32("partial", "workspace", 2 * c * parts),
+    )
     args = ("x", "gamma", "beta", "out", "mean", "rstd", "partial", n, c, s, parts, eps)
     launches = (
         Launch("capsule_batch_norm_fwd", _channel_grid(c, parts), (BLOCK, 1, 1), args + (0,)),
@@ -183,18 +216,38 @@ def batch_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
     x = inputs["x"]
     n, c, s = _ncs(x)
     parts = channel_parts(n * s, c)
-    buffers = (_f32("x", "input", x.size), _f32("gamma", "input", c), _f32("g", "input", x.size),
-               _f32("dx", "output", x.size), _f32("dgamma", "output", c), _f32("dbeta", "output", c),
-               _f32("mean", "workspace", c), _f32("rstd", "workspace", c), _f32("partial", "workspace", 5 * c * parts))
-    launches = (
-        Launch("capsule_batch_norm_bwd_partials", _channel_grid(c, parts), (BLOCK, 1, 1), ("x", "g", "partial", n, c, s, parts)),
-        Launch("capsule_batch_norm_bwd_params", *grid_1d(c, BLOCK),
-               ("partial", "mean", "rstd", "dgamma", "dbeta", n, c, s, parts, np.float32(p["eps"]))),
-        Launch("capsule_batch_norm_bwd_x", *_element_grid(x.size),
-               ("x", "gamma", "g", "mean", "rstd", "dgamma", "dbeta", "dx", n, c, s)),
+    buffers = (
+        _f32("x", "input", x.size),
+        _f32("gamma", "input", c),
+        _f32("g", "input", x.size),
+        _f32("dx", "output", x.size),
+        _f32("dgamma", "output", c),
+        _f32("dbeta", "output", c),
+        _f32("mean", "workspace", c),
+        _f32("rstd", "workspace", c),
+        _f32("partial", "workspace", 5 * c * parts),
     )
-    return LaunchPlan("batch_norm", "backward", buffers, launches,
-                      output_shapes={"dx": tuple(x.shape), "dgamma": (c,), "dbeta": (c,)})
+    launches = (
+        Launch(
+            "capsule_batch_norm_bwd_partials",
+            _channel_grid(c, parts),
+            (BLOCK, 1, 1),
+            ("x", "g", "partial", n, c, s, parts),
+        ),
+        Launch(
+            "capsule_batch_norm_bwd_params",
+            *grid_1d(c, BLOCK),
+            ("partial", "mean", "rstd", "dgamma", "dbeta", n, c, s, parts, np.float32(p["eps"])),
+        ),
+        Launch(
+            "capsule_batch_norm_bwd_x",
+            *_element_grid(x.size),
+            ("x", "gamma", "g", "mean", "rstd", "dgamma", "dbeta", "dx", n, c, s),
+        ),
+    )
+    return LaunchPlan(
+        "batch_norm", "backward", buffers, launches, output_shapes={"dx": tuple(x.shape), "dgamma": (c,), "dbeta": (c,)}
+    )
 
 
 PLANS = {
@@ -203,9 +256,12 @@ PLANS = {
 }
 
 
-BUDGET = KernelBudget(max_registers=register_budget(BLOCK), registers={
-    "capsule_layer_norm_fwd_wide": register_budget(WIDE_MAX_THREADS),
-    "capsule_layer_norm_bwd_x_wide": register_budget(WIDE_BWD_THREADS_PER_SM),
-})
+BUDGET = KernelBudget(
+    max_registers=register_budget(BLOCK),
+    registers={
+        "capsule_layer_norm_fwd_wide": register_budget(WIDE_MAX_THREADS),
+        "capsule_layer_norm_bwd_x_wide": register_budget(WIDE_BWD_THREADS_PER_SM),
+    },
+)
 """A block of BLOCK threads fits on a multiprocessor; the wide kernels' a block of
 WIDE_MAX_THREADS (the backward's 64 registers are what wide_parts sizes its wave by)."""

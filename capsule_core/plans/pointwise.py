@@ -23,14 +23,17 @@ def launch_shape(n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return grid_1d(-(-n // VECTOR), BLOCK)
 
 
-def _plan(op: str, direction: str, inputs: tuple[str, ...], outputs: tuple[str, ...], shape: tuple,
-          scalars: tuple = ()) -> LaunchPlan:
+def _plan(
+    op: str, direction: str, inputs: tuple[str, ...], outputs: tuple[str, ...], shape: tuple, scalars: tuple = ()
+) -> LaunchPlan:
     """One launch of capsule_<op>_<fwd|bwd> with the buffers in parameter order (inputs, then
     outputs), then the scalar parameters, then n, as the registry declares them."""
     n = int(np.prod(shape, dtype=np.int64))
     grid, block = launch_shape(n)
     suffix = "fwd" if direction == "forward" else "bwd"
-    buffers = tuple(Buffer(b, "input", "float32", n) for b in inputs) + tuple(Buffer(b, "output", "float32", n) for b in outputs)
+    buffers = tuple(Buffer(b, "input", "float32", n) for b in inputs) + tuple(
+        Buffer(b, "output", "float32", n) for b in outputs
+    )
     launch = Launch(f"capsule_{op}_{suffix}", grid, block, (*inputs, *outputs, *(np.float32(s) for s in scalars), n))
     return LaunchPlan(op, direction, buffers, (launch,), output_shapes={b: tuple(shape) for b in outputs})
 
@@ -41,6 +44,7 @@ def _unary(op: str, params: tuple[str, ...] = ()):
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         return _plan(op, "backward", ("x", "g"), ("dx",), np.shape(inputs["x"]), tuple(p[k] for k in params))
+
     return forward, backward
 
 
@@ -50,22 +54,27 @@ def _binary(op: str):
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         return _plan(op, "backward", ("x", "y", "g"), ("dx", "dy"), np.shape(inputs["x"]))
+
     return forward, backward
 
 
 def _scale():
     """dx = c·g reads only the cotangent."""
+
     def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         return _plan("scale", "forward", ("x",), ("out",), np.shape(inputs["x"]), (p["c"],))
 
     def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
         return _plan("scale", "backward", ("g",), ("dx",), np.shape(inputs["x"]), (p["c"],))
+
     return forward, backward
 
 
 PLANS = {
-    **{op: _unary(op) for op in ("relu", "gelu", "abs", "sqrt", "sigmoid", "tanh", "softplus", "exp", "sin",
-                                 "cos", "log", "inv")},
+    **{
+        op: _unary(op)
+        for op in ("relu", "gelu", "abs", "sqrt", "sigmoid", "tanh", "softplus", "exp", "sin", "cos", "log", "inv")
+    },
     **{op: _binary(op) for op in ("add", "sub", "mul", "max", "min")},
     "scale": _scale(),
     "clamp": _unary("clamp", ("lo", "hi")),
@@ -78,5 +87,6 @@ BUDGET = KernelBudget(
     stack_frames={
         "capsule_sin_bwd": "libm cosf's Payne-Hanek slow path for huge arguments",
         "capsule_cos_bwd": "libm sinf's Payne-Hanek slow path for huge arguments",
-    })
+    },
+)
 """32 registers: eight blocks of BLOCK threads fill a multiprocessor."""

@@ -51,7 +51,7 @@ def geometry(shape, axis) -> tuple[int, int, int]:
     if axis is None:
         return 1, int(np.prod(shape, dtype=np.int64)), 1
     a = axis % len(shape)
-    return (int(np.prod(shape[:a], dtype=np.int64)), shape[a], int(np.prod(shape[a + 1:], dtype=np.int64)))
+    return (int(np.prod(shape[:a], dtype=np.int64)), shape[a], int(np.prod(shape[a + 1 :], dtype=np.int64)))
 
 
 def chunks_of(size: int, chunk: int) -> int:
@@ -120,26 +120,39 @@ def _forward(op: str):
     def launch(source: str, target: str, outer: int, size: int, inner: int, chunk: int, count: int) -> Launch:
         tail = (chunk,) + ((count,) if mean else ())
         if path(size if chunks_of(size, chunk) == 1 else chunk, inner) == ROW_BLOCK:
-            return Launch(f"capsule_{op}_fwd_block", grid(outer, size, inner, chunk), (THREADS, 1, 1),
-                          (source, target, outer, size) + tail)
-        return Launch(f"capsule_{op}_fwd", grid(outer, size, inner, chunk), (THREADS, 1, 1),
-                      (source, target, outer, size, inner) + tail)
+            return Launch(
+                f"capsule_{op}_fwd_block",
+                grid(outer, size, inner, chunk),
+                (THREADS, 1, 1),
+                (source, target, outer, size) + tail,
+            )
+        return Launch(
+            f"capsule_{op}_fwd",
+            grid(outer, size, inner, chunk),
+            (THREADS, 1, 1),
+            (source, target, outer, size, inner) + tail,
+        )
 
     def plan(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
         shape = tuple(np.shape(inputs["x"]))
         outer, size, inner = geometry(shape, params["axis"])
         out_shape = _reduced_shape(shape, params["axis"])
-        buffers = [Buffer("x", "input", "float32", outer * size * inner),
-                   Buffer("out", "output", "float32", outer * inner)]
+        buffers = [
+            Buffer("x", "input", "float32", outer * size * inner),
+            Buffer("out", "output", "float32", outer * inner),
+        ]
         chunk = split_chunk(outer, size, inner)
         if chunk:
             chunks = chunks_of(size, chunk)
             buffers.append(Buffer("partials", "workspace", "float32", outer * chunks * inner))
-            launches = (launch("x", "partials", outer, size, inner, chunk, 1),
-                        launch("partials", "out", outer, chunks, inner, chunks, size))
+            launches = (
+                launch("x", "partials", outer, size, inner, chunk, 1),
+                launch("partials", "out", outer, chunks, inner, chunks, size),
+            )
         else:
             launches = (launch("x", "out", outer, size, inner, size, size),)
         return LaunchPlan(op, "forward", tuple(buffers), launches, output_shapes={"out": out_shape})
+
     return plan
 
 
@@ -149,10 +162,14 @@ def _backward(op: str):
         outer, size, inner = geometry(shape, params["axis"])
         n = outer * size * inner
         blocks, block = grid_1d(-(-n // 4), THREADS)
-        buffers = (Buffer("x", "input", "float32", n), Buffer("g", "input", "float32", outer * inner),
-                   Buffer("dx", "output", "float32", n))
+        buffers = (
+            Buffer("x", "input", "float32", n),
+            Buffer("g", "input", "float32", outer * inner),
+            Buffer("dx", "output", "float32", n),
+        )
         launch = Launch(f"capsule_{op}_bwd", blocks, block, ("g", "dx", outer, size, inner))
         return LaunchPlan(op, "backward", buffers, (launch,), output_shapes={"dx": shape})
+
     return plan
 
 
@@ -160,13 +177,15 @@ def _reduced_shape(shape: tuple, axis) -> tuple:
     if axis is None:
         return ()
     a = axis % len(shape)
-    return shape[:a] + shape[a + 1:]
+    return shape[:a] + shape[a + 1 :]
 
 
 PLANS = {op: (_forward(op), _backward(op)) for op in ("reduce_sum", "reduce_mean")}
 
 
-BUDGET = KernelBudget(max_registers=register_budget(THREADS, BLOCKS),
-                      registers={f"capsule_{op}_fwd_block": register_budget(THREADS, LEAN_BLOCKS) for op in PLANS})
+BUDGET = KernelBudget(
+    max_registers=register_budget(THREADS, BLOCKS),
+    registers={f"capsule_{op}_fwd_block": register_budget(THREADS, LEAN_BLOCKS) for op in PLANS},
+)
 """capsule_<op>_fwd and _bwd: four blocks of THREADS per multiprocessor (64 registers); the
 block-per-segment kernels eight (32 registers)."""

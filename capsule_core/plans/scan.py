@@ -50,8 +50,13 @@ def _f32(name: str, role: str, n: int) -> Buffer:
 def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     batch, time, dim, a_token, b_token = dims = _dims(inputs)
     n = batch * time * dim
-    buffers = (_f32("x", "input", n), _f32("a", "input", np.size(inputs["a"])), _f32("b", "input", np.size(inputs["b"])),
-               _f32("h0", "input", batch * dim), _f32("out", "output", n))
+    buffers = (
+        _f32("x", "input", n),
+        _f32("a", "input", np.size(inputs["a"])),
+        _f32("b", "input", np.size(inputs["b"])),
+        _f32("h0", "input", batch * dim),
+        _f32("out", "output", n),
+    )
     launch = Launch("capsule_selective_scan_fwd", *tile_shape(batch, time, dim), ("x", "a", "b", "h0", "out", *dims))
     return LaunchPlan("selective_scan", "forward", buffers, (launch,), output_shapes={"out": (batch, time, dim)})
 
@@ -61,20 +66,42 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     batch, time, dim, a_token, b_token = dims = _dims(inputs)
     n = batch * time * dim
     a_shape, b_shape = tuple(np.shape(inputs["a"])), tuple(np.shape(inputs["b"]))
-    buffers = (_f32("x", "input", n), _f32("a", "input", np.prod(a_shape, dtype=np.int64)),
-               _f32("b", "input", np.prod(b_shape, dtype=np.int64)), _f32("h0", "input", batch * dim),
-               _f32("out", "input", n), _f32("g", "input", n),
-               _f32("dx", "output", n), _f32("da", "output", np.prod(a_shape, dtype=np.int64)),
-               _f32("db", "output", np.prod(b_shape, dtype=np.int64)), _f32("dh0", "output", batch * dim),
-               _f32("da_part", "workspace", 0 if a_token else batch * dim),
-               _f32("db_part", "workspace", 0 if b_token else batch * dim))
-    launches = [Launch("capsule_selective_scan_bwd", *tile_shape(batch, time, dim),
-                       ("x", "a", "b", "h0", "out", "g", "dx", "da", "db", "dh0", "da_part", "db_part", *dims))]
+    buffers = (
+        _f32("x", "input", n),
+        _f32("a", "input", np.prod(a_shape, dtype=np.int64)),
+        _f32("b", "input", np.prod(b_shape, dtype=np.int64)),
+        _f32("h0", "input", batch * dim),
+        _f32("out", "input", n),
+        _f32("g", "input", n),
+        _f32("dx", "output", n),
+        _f32("da", "output", np.prod(a_shape, dtype=np.int64)),
+        _f32("db", "output", np.prod(b_shape, dtype=np.int64)),
+        _f32("dh0", "output", batch * dim),
+        _f32("da_part", "workspace", 0 if a_token else batch * dim),
+        _f32("db_part", "workspace", 0 if b_token else batch * dim),
+    )
+    launches = [
+        Launch(
+            "capsule_selective_scan_bwd",
+            *tile_shape(batch, time, dim),
+            ("x", "a", "b", "h0", "out", "g", "dx", "da", "db", "dh0", "da_part", "db_part", *dims),
+        )
+    ]
     if not (a_token and b_token):
-        launches.append(Launch("capsule_selective_scan_bwd_shared", *grid_1d(dim, MAX_THREADS),
-                               ("da_part", "db_part", "da", "db", batch, dim, a_token, b_token)))
-    return LaunchPlan("selective_scan", "backward", buffers, tuple(launches),
-                      output_shapes={"dx": (batch, time, dim), "da": a_shape, "db": b_shape, "dh0": (batch, dim)})
+        launches.append(
+            Launch(
+                "capsule_selective_scan_bwd_shared",
+                *grid_1d(dim, MAX_THREADS),
+                ("da_part", "db_part", "da", "db", batch, dim, a_token, b_token),
+            )
+        )
+    return LaunchPlan(
+        "selective_scan",
+        "backward",
+        buffers,
+        tuple(launches),
+        output_shapes={"dx": (batch, time, dim), "da": a_shape, "db": b_shape, "dh0": (batch, dim)},
+    )
 
 
 PLANS = {"selective_scan": (forward, backward)}

@@ -106,25 +106,31 @@ def split_grid(rows: int, cols: int, chunk: int) -> tuple[int, int, int]:
     return (max(1, min(MAX_BLOCKS, rows * chunks_of(cols, chunk))), 1, 1)
 
 
-def _launches(op: str, direction: str, rows: int, cols: int, group_cols: int, inputs: tuple[str, ...],
-              output: str) -> tuple[tuple[Launch, ...], tuple[Buffer, ...]]:
+def _launches(
+    op: str, direction: str, rows: int, cols: int, group_cols: int, inputs: tuple[str, ...], output: str
+) -> tuple[tuple[Launch, ...], tuple[Buffer, ...]]:
     """The launches of one direction and the workspace they need: `inputs` the buffers the kernels
     read (x[, mask] forward; out, g backward), `output` the one they write."""
     block = (THREADS, 1, 1)
     if cols <= group_cols:
-        return (Launch(f"capsule_{op}_{direction}", grid(rows, cols, group_cols), block,
-                       (*inputs, output, rows, cols)),), ()
+        return (
+            Launch(f"capsule_{op}_{direction}", grid(rows, cols, group_cols), block, (*inputs, output, rows, cols)),
+        ), ()
     chunk = split_chunk(rows, cols)
     if not chunk:
-        return (Launch(f"capsule_{op}_{direction}_block", grid(rows, cols, group_cols), block,
-                       (*inputs, output, rows, cols)),), ()
+        return (
+            Launch(
+                f"capsule_{op}_{direction}_block", grid(rows, cols, group_cols), block, (*inputs, output, rows, cols)
+            ),
+        ), ()
     # forward: a maximum and a sum per chunk; backward: a partial dot
     planes = 2 if direction == "fwd" else 1
     workspace = Buffer("partials", "workspace", "float32", planes * rows * chunks_of(cols, chunk))
     blocks = split_grid(rows, cols, chunk)
-    return (Launch(f"capsule_{op}_{direction}_partials", blocks, block, (*inputs, "partials", rows, cols, chunk)),
-            Launch(f"capsule_{op}_{direction}_finish", blocks, block,
-                   (*inputs, "partials", output, rows, cols, chunk))), (workspace,)
+    return (
+        Launch(f"capsule_{op}_{direction}_partials", blocks, block, (*inputs, "partials", rows, cols, chunk)),
+        Launch(f"capsule_{op}_{direction}_finish", blocks, block, (*inputs, "partials", output, rows, cols, chunk)),
+    ), (workspace,)
 
 
 def _forward(op: str, masked: bool):
@@ -134,9 +140,13 @@ def _forward(op: str, masked: bool):
         rows, cols = rows_and_cols(shape)
         names = ("x", "mask") if masked else ("x",)
         launches, workspace = _launches(op, "fwd", rows, cols, GROUP_COLS, names, "out")
-        buffers = (tuple(Buffer(b, "input", "float32", n) for b in names) + (Buffer("out", "output", "float32", n),)
-                   + workspace)
+        buffers = (
+            tuple(Buffer(b, "input", "float32", n) for b in names)
+            + (Buffer("out", "output", "float32", n),)
+            + workspace
+        )
         return LaunchPlan(op, "forward", buffers, launches, output_shapes={"out": shape})
+
     return plan
 
 
@@ -147,9 +157,13 @@ def _backward(op: str, masked: bool):
         rows, cols = rows_and_cols(shape)
         names = ("x", "mask") if masked else ("x",)
         launches, workspace = _launches(op, "bwd", rows, cols, GRAD_GROUP_COLS, ("out", "g"), "dx")
-        buffers = (tuple(Buffer(b, "input", "float32", n) for b in (*names, "out", "g"))
-                   + (Buffer("dx", "output", "float32", n),) + workspace)
+        buffers = (
+            tuple(Buffer(b, "input", "float32", n) for b in (*names, "out", "g"))
+            + (Buffer("dx", "output", "float32", n),)
+            + workspace
+        )
         return LaunchPlan(op, "backward", buffers, launches, output_shapes={"dx": shape})
+
     return plan
 
 
@@ -162,7 +176,12 @@ PLANS = {
 
 BUDGET = KernelBudget(
     max_registers=register_budget(THREADS, GROUP_BLOCKS),
-    registers={f"capsule_{op}_{direction}_{variant}": register_budget(THREADS, LEAN_BLOCKS)
-               for op in PLANS for direction in ("fwd", "bwd") for variant in ("block", "partials", "finish")})
+    registers={
+        f"capsule_{op}_{direction}_{variant}": register_budget(THREADS, LEAN_BLOCKS)
+        for op in PLANS
+        for direction in ("fwd", "bwd")
+        for variant in ("block", "partials", "finish")
+    },
+)
 """The group kernels: four blocks of THREADS per multiprocessor (64 registers); the block and
 split-row kernels: LEAN_BLOCKS (32 registers, the whole multiprocessor)."""

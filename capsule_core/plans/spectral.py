@@ -95,22 +95,34 @@ def forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     items = analysis_items(b, g, ci, m)
     parts = analysis_parts(items, g)
     split = parts > 1
-    buffers = (_f32("x", "input", b * g * ci), _f32("w_re", "input", m * ci * co), _f32("w_im", "input", m * ci * co),
-               _f32("out", "output", b * g * co), _f32("table", "workspace", 2 * g),
-               _f32("spectrum", "workspace", 2 * b * m * ci), _f32("mixed", "workspace", 2 * b * m * co))
+    buffers = (
+        _f32("x", "input", b * g * ci),
+        _f32("w_re", "input", m * ci * co),
+        _f32("w_im", "input", m * ci * co),
+        _f32("out", "output", b * g * co),
+        _f32("table", "workspace", 2 * g),
+        _f32("spectrum", "workspace", 2 * b * m * ci),
+        _f32("mixed", "workspace", 2 * b * m * co),
+    )
     if split:
         buffers += (_f32("partial", "workspace", 2 * parts * b * m * ci),)
     launches = (
         _twiddles(g),
-        Launch(f"capsule_fft_fno_fwd_analysis{_wide(g)}", *grid_1d(items * parts, BLOCK),
-               ("x", "table", "partial" if split else "spectrum", *dims, parts)),
+        Launch(
+            f"capsule_fft_fno_fwd_analysis{_wide(g)}",
+            *grid_1d(items * parts, BLOCK),
+            ("x", "table", "partial" if split else "spectrum", *dims, parts),
+        ),
     )
     if split:
         launches += (Launch("capsule_fft_fno_fwd_sum", *_small(b * m * ci), ("partial", "spectrum", *dims, parts)),)
     launches += (
         Launch("capsule_fft_fno_fwd_mix", *_small(b * m * co), ("spectrum", "w_re", "w_im", "mixed", *dims)),
-        Launch("capsule_fft_fno_fwd_synthesis", *grid_1d(synthesis_items(b, g, co, m), BLOCK),
-               ("mixed", "table", "out", *dims)),
+        Launch(
+            "capsule_fft_fno_fwd_synthesis",
+            *grid_1d(synthesis_items(b, g, co, m), BLOCK),
+            ("mixed", "table", "out", *dims),
+        ),
     )
     return LaunchPlan("fft_fno", "forward", buffers, launches, output_shapes={"out": (b, g, co)})
 
@@ -121,41 +133,75 @@ def backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     items = analysis_items(b, g, ci, m) + analysis_items(b, g, co, m)
     parts = analysis_parts(items, g)
     split = parts > 1
-    buffers = (_f32("x", "input", b * g * ci), _f32("w_re", "input", w), _f32("w_im", "input", w),
-               _f32("g", "input", b * g * co),
-               _f32("dx", "output", b * g * ci), _f32("dw_re", "output", w), _f32("dw_im", "output", w),
-               _f32("table", "workspace", 2 * g),
-               _f32("xspec", "workspace", 2 * b * m * ci), _f32("gspec", "workspace", 2 * b * m * co),
-               _f32("gxspec", "workspace", 2 * b * m * ci))
+    buffers = (
+        _f32("x", "input", b * g * ci),
+        _f32("w_re", "input", w),
+        _f32("w_im", "input", w),
+        _f32("g", "input", b * g * co),
+        _f32("dx", "output", b * g * ci),
+        _f32("dw_re", "output", w),
+        _f32("dw_im", "output", w),
+        _f32("table", "workspace", 2 * g),
+        _f32("xspec", "workspace", 2 * b * m * ci),
+        _f32("gspec", "workspace", 2 * b * m * co),
+        _f32("gxspec", "workspace", 2 * b * m * ci),
+    )
     if split:
-        buffers += (_f32("xpart", "workspace", 2 * parts * b * m * ci), _f32("gpart", "workspace", 2 * parts * b * m * co))
+        buffers += (
+            _f32("xpart", "workspace", 2 * parts * b * m * ci),
+            _f32("gpart", "workspace", 2 * parts * b * m * co),
+        )
     launches = (
         _twiddles(g),
-        Launch(f"capsule_fft_fno_bwd_spectra{_wide(g)}", *grid_1d(items * parts, BLOCK),
-               ("x", "g", "table", *(("xpart", "gpart") if split else ("xspec", "gspec")), *dims, parts)),
+        Launch(
+            f"capsule_fft_fno_bwd_spectra{_wide(g)}",
+            *grid_1d(items * parts, BLOCK),
+            ("x", "g", "table", *(("xpart", "gpart") if split else ("xspec", "gspec")), *dims, parts),
+        ),
     )
     if split:
-        launches += (Launch("capsule_fft_fno_bwd_sum", *_small(b * m * (ci + co)),
-                            ("xpart", "gpart", "xspec", "gspec", *dims, parts)),)
+        launches += (
+            Launch(
+                "capsule_fft_fno_bwd_sum",
+                *_small(b * m * (ci + co)),
+                ("xpart", "gpart", "xspec", "gspec", *dims, parts),
+            ),
+        )
     launches += (
         Launch("capsule_fft_fno_bwd_mix", *_small(b * m * ci), ("gspec", "w_re", "w_im", "gxspec", *dims)),
-        Launch("capsule_fft_fno_bwd_x", *grid_1d(synthesis_items(b, g, ci, m), BLOCK), ("gxspec", "table", "dx", *dims)),
+        Launch(
+            "capsule_fft_fno_bwd_x", *grid_1d(synthesis_items(b, g, ci, m), BLOCK), ("gxspec", "table", "dx", *dims)
+        ),
         Launch("capsule_fft_fno_bwd_w", *grid_1d(w, BLOCK), ("xspec", "gspec", "dw_re", "dw_im", *dims)),
     )
-    return LaunchPlan("fft_fno", "backward", buffers, launches,
-                      output_shapes={"dx": (b, g, ci), "dw_re": (m, ci, co), "dw_im": (m, ci, co)})
+    return LaunchPlan(
+        "fft_fno",
+        "backward",
+        buffers,
+        launches,
+        output_shapes={"dx": (b, g, ci), "dw_re": (m, ci, co), "dw_im": (m, ci, co)},
+    )
 
 
 PLANS = {"fft_fno": (forward, backward)}
 
 
-TRANSFORMS = ("capsule_fft_fno_fwd_analysis", "capsule_fft_fno_fwd_analysis_wide", "capsule_fft_fno_fwd_synthesis",
-              "capsule_fft_fno_bwd_spectra", "capsule_fft_fno_bwd_spectra_wide", "capsule_fft_fno_bwd_x")
+TRANSFORMS = (
+    "capsule_fft_fno_fwd_analysis",
+    "capsule_fft_fno_fwd_analysis_wide",
+    "capsule_fft_fno_fwd_synthesis",
+    "capsule_fft_fno_bwd_spectra",
+    "capsule_fft_fno_bwd_spectra_wide",
+    "capsule_fft_fno_bwd_x",
+)
 SUMS = ("capsule_fft_fno_fwd_sum", "capsule_fft_fno_bwd_sum")
 
 BUDGET = KernelBudget(
     max_registers=register_budget(BLOCK),
-    registers={**{s: register_budget(BLOCK, TRANSFORM_BLOCKS) for s in TRANSFORMS},
-               **{s: register_budget(BLOCK, LEAN_BLOCKS) for s in SUMS}})
+    registers={
+        **{s: register_budget(BLOCK, TRANSFORM_BLOCKS) for s in TRANSFORMS},
+        **{s: register_budget(BLOCK, LEAN_BLOCKS) for s in SUMS},
+    },
+)
 """The transforms: TRANSFORM_BLOCKS blocks of BLOCK per multiprocessor (64 registers); the partial
 sums: LEAN_BLOCKS (32); the other kernels: a block of BLOCK fits on a multiprocessor."""

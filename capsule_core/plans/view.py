@@ -150,15 +150,27 @@ def _reshape_target(x_shape, target) -> tuple:
 def reshape_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x_shape = np.shape(inputs["x"])
     n = _numel(x_shape)
-    return LaunchPlan("reshape", "forward", (Buffer("x", "input", "float32", n), Buffer("out", "output", "float32", n)),
-                     (), output_shapes={"out": _reshape_target(x_shape, p["shape"])}, aliases={"out": "x"})
+    return LaunchPlan(
+        "reshape",
+        "forward",
+        (Buffer("x", "input", "float32", n), Buffer("out", "output", "float32", n)),
+        (),
+        output_shapes={"out": _reshape_target(x_shape, p["shape"])},
+        aliases={"out": "x"},
+    )
 
 
 def reshape_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x_shape = tuple(np.shape(inputs["x"]))
     n = _numel(x_shape)
-    return LaunchPlan("reshape", "backward", (Buffer("g", "input", "float32", n), Buffer("dx", "output", "float32", n)),
-                     (), output_shapes={"dx": x_shape}, aliases={"dx": "g"})
+    return LaunchPlan(
+        "reshape",
+        "backward",
+        (Buffer("g", "input", "float32", n), Buffer("dx", "output", "float32", n)),
+        (),
+        output_shapes={"dx": x_shape},
+        aliases={"dx": "g"},
+    )
 
 
 # -- permute: y[i] = x[offset(i)], tiles when x's innermost axis moves ----------------------------
@@ -170,10 +182,14 @@ def _permute_plan(direction: str, src: str, dst: str, src_shape, perm) -> Launch
     geometry = _geometry(shape, stride)
     suffix = "fwd" if direction == "forward" else "bwd"
     launch = _gather_launch(f"capsule_permute_{suffix}", src, dst, shape, stride, n, tiles=True)
-    buffers = (Buffer(src, "input", "float32", n), Buffer(dst, "output", "float32", n),
-               Buffer("geometry", "meta", "int64", geometry.size))
-    return LaunchPlan("permute", direction, buffers, (launch,), {"geometry": geometry},
-                      {dst: tuple(int(src_shape[a]) for a in perm)})
+    buffers = (
+        Buffer(src, "input", "float32", n),
+        Buffer(dst, "output", "float32", n),
+        Buffer("geometry", "meta", "int64", geometry.size),
+    )
+    return LaunchPlan(
+        "permute", direction, buffers, (launch,), {"geometry": geometry}, {dst: tuple(int(src_shape[a]) for a in perm)}
+    )
 
 
 def inverse(perm) -> tuple[int, ...]:
@@ -202,8 +218,11 @@ def broadcast_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launch
     n, n_x = _numel(target), _numel(x_shape)
     geometry = _geometry(shape, stride)
     launch = _gather_launch("capsule_broadcast_fwd", "x", "out", shape, stride, n, tiles=False)
-    buffers = (Buffer("x", "input", "float32", n_x), Buffer("out", "output", "float32", n),
-               Buffer("geometry", "meta", "int64", geometry.size))
+    buffers = (
+        Buffer("x", "input", "float32", n_x),
+        Buffer("out", "output", "float32", n),
+        Buffer("geometry", "meta", "int64", geometry.size),
+    )
     return LaunchPlan("broadcast", "forward", buffers, (launch,), {"geometry": geometry}, {"out": target})
 
 
@@ -233,8 +252,11 @@ def broadcast_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launc
     geometry = _geometry(shape, stride)
     grid, block = broadcast_bwd_launch(stride, n_x, n_copies)
     launch = Launch("capsule_broadcast_bwd", grid, block, ("g", "dx", "geometry", len(shape), n_x, n_copies))
-    buffers = (Buffer("g", "input", "float32", n), Buffer("dx", "output", "float32", n_x),
-               Buffer("geometry", "meta", "int64", geometry.size))
+    buffers = (
+        Buffer("g", "input", "float32", n),
+        Buffer("dx", "output", "float32", n_x),
+        Buffer("geometry", "meta", "int64", geometry.size),
+    )
     return LaunchPlan("broadcast", "backward", buffers, (launch,), {"geometry": geometry}, {"dx": x_shape})
 
 
@@ -243,7 +265,7 @@ def broadcast_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launc
 
 def _around(shape, axis: int) -> tuple[int, int]:
     """(outer, inner): the products of the axes before and after `axis`."""
-    return _numel(shape[:axis]), _numel(shape[axis + 1:])
+    return _numel(shape[:axis]), _numel(shape[axis + 1 :])
 
 
 def _rows_vec4(length: int, *offsets: int) -> bool:
@@ -262,7 +284,7 @@ def _concat_plan(direction: str, inputs: Mapping[str, Any], p: Mapping[str, Any]
     axis = p["axis"] % rank
     outer, inner = _around(shapes[0], axis)
     size_out = sum(s[axis] for s in shapes)
-    out_shape = shapes[0][:axis] + (size_out,) + shapes[0][axis + 1:]
+    out_shape = shapes[0][:axis] + (size_out,) + shapes[0][axis + 1 :]
     n_out = _numel(out_shape)
     forward = direction == "forward"
     parts = [f"xs[{i}]" if forward else f"dxs[{i}]" for i in range(len(shapes))]
@@ -273,8 +295,14 @@ def _concat_plan(direction: str, inputs: Mapping[str, Any], p: Mapping[str, Any]
         vec4 = _rows_vec4(size_in * inner, size_in * inner, size_out * inner, offset * inner)
         grid, block = _rows_grid(outer, size_in * inner, vec4)
         args = (part, whole) if forward else (whole, part)
-        launches.append(Launch(f"capsule_concat_{'fwd' if forward else 'bwd'}", grid, block,
-                               (*args, outer, size_in, inner, size_out, offset)))
+        launches.append(
+            Launch(
+                f"capsule_concat_{'fwd' if forward else 'bwd'}",
+                grid,
+                block,
+                (*args, outer, size_in, inner, size_out, offset),
+            )
+        )
         offset += size_in
     part_role, whole_role = ("input", "output") if forward else ("output", "input")
     buffers = tuple(Buffer(part, part_role, "float32", _numel(s)) for part, s in zip(parts, shapes))
@@ -299,7 +327,7 @@ def _slice_geometry(inputs, p):
     x_shape = tuple(np.shape(inputs["x"]))
     axis = p["axis"] % len(x_shape)
     outer, inner = _around(x_shape, axis)
-    y_shape = x_shape[:axis] + (p["length"],) + x_shape[axis + 1:]
+    y_shape = x_shape[:axis] + (p["length"],) + x_shape[axis + 1 :]
     return x_shape, y_shape, outer, x_shape[axis], inner, p["start"], p["length"]
 
 
