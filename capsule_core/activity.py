@@ -1,7 +1,7 @@
 """What this process is doing, in a form that survives its death: the capsule, check and case it
 works on and the launch it last started.
 
-A worker process (capsule_core.parallel) records here into a block of memory it shares with the
+A worker process (capsule_core.drivers.parallel) records here into a block of memory it shares with the
 parent; when a kernel kills the worker (a wild store into the emulator's own state, the OOM
 killer, a hang past the watchdog), the parent reads the last record and names the check, case
 and launch in the ERROR it reports, so that nothing is lost but the dead capsule's own results.

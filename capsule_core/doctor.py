@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
-from .errors import EnvironmentMissing
+from capsule_core.errors import EnvironmentMissing
 
 PACKAGES = ("typer", "numpy", "tabulate", "platformdirs", "pycuda", "hypothesis", "scipy", "pytest", "torch", "cupy")
 
@@ -53,7 +53,7 @@ def package_version(name: str) -> str | None:
 
 
 def nvcc_rule(found_by: str) -> str:
-    """Which discovery rule of capsule_core.kernels.find_nvcc found nvcc, in words."""
+    """Which discovery rule of capsule_core.kernels.nvcc.find_nvcc found nvcc, in words."""
     if found_by in ("CUDA_HOME", "CUDA_PATH"):
         return f"{found_by}={os.environ.get(found_by, '')}"
     if found_by == "PATH":
@@ -62,9 +62,9 @@ def nvcc_rule(found_by: str) -> str:
 
 
 def examine() -> DoctorReport:
-    from .backends import cuda
-    from .backends.emu import emulated_families, find_host_compiler
-    from .kernels import NVCC_RULES, cache_dir, find_nvcc
+    from capsule_core.backends import cuda
+    from capsule_core.backends.emu import emulated_families, find_host_compiler
+    from capsule_core.kernels.nvcc import NVCC_RULES, cache_dir, find_nvcc
 
     facts = [
         Fact("python", f"{platform.python_version()} ({sys.executable})", sys.version_info >= (3, 10)),

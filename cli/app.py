@@ -80,7 +80,8 @@ def list_command(
 
     Example: capsules list --module native_cuda --family softmax
     """
-    from capsule_core import registry, report
+    from capsule_core.catalog import registry
+    from capsule_core.render import report
 
     try:
         capsules = registry.filter_capsules(module, family, vjp, reduction)
@@ -104,7 +105,9 @@ def show(
     """
     import json
 
-    from capsule_core import describe, registry, report
+    from capsule_core.catalog import registry
+    from capsule_core.check import describe
+    from capsule_core.render import report
 
     try:
         capsule = registry.lookup(name)
@@ -136,7 +139,8 @@ def export(
     """
     import json
 
-    from capsule_core import registry, report
+    from capsule_core.catalog import registry
+    from capsule_core.render import report
 
     text = json.dumps(
         report.export_document(registry.CATALOG, registry.MODULES, __version__), indent=2, ensure_ascii=False
@@ -172,8 +176,9 @@ def select(
     """
     import json
 
-    from capsule_core import registry, report
+    from capsule_core.catalog import registry
     from capsule_core.model import KernelPolicy, ProviderPreference
+    from capsule_core.render import report
 
     try:
         backend_op = registry.parse_op(op)
@@ -205,7 +210,7 @@ def check(
     """Static contract checks, no GPU needed: symbols, PTX signatures, kernel budgets, launch plans.
 
     Every declared symbol must be in its source and a PTX .entry with the declared parameters;
-    every kernel within its family's budget (capsule_core/plans/<family>.py: registers per
+    every kernel within its family's budget (capsule_core/kernels/plans/<family>.py: registers per
     thread, no spills, no stack frame unless a libm slow path is declared, no nvcc warning);
     launch plans legal for every sample and edge input. Exit 1 on any failure, 3 without nvcc
     (or with a CUDA_HOME or CUDA_PATH that holds none).
@@ -214,8 +219,9 @@ def check(
     """
     import json
 
-    from capsule_core import check as engine
-    from capsule_core import native_cuda, registry, report
+    from capsule_core.catalog import native_cuda, registry
+    from capsule_core.check import engine
+    from capsule_core.render import report
 
     try:
         capsules = [registry.lookup(n) for n in names] if names else list(native_cuda.CAPSULES)
@@ -292,11 +298,12 @@ def verify(
     """
     import time as clock
 
-    from capsule_core import native_cuda, registry, report
-    from capsule_core import verify as engine
     from capsule_core.backends.select import resolve
-    from capsule_core.checks import ALL_CHECKS
-    from capsule_core.sanitize import unavailable
+    from capsule_core.catalog import native_cuda, registry
+    from capsule_core.render import report
+    from capsule_core.sanitize.engine import unavailable
+    from capsule_core.verify import engine
+    from capsule_core.verify.checks import ALL_CHECKS
 
     if not names and not all_:
         raise fail("NAME: give capsule names or --all", EXIT_USAGE)
@@ -305,7 +312,7 @@ def verify(
         raise fail(f"--check: unknown check {', '.join(unknown_checks)} (checks: {', '.join(ALL_CHECKS)})", EXIT_USAGE)
     tools = sanitizer_tools(sanitize, check)
     if sanitize_timeout is not None:
-        from capsule_core.sanitize import TIMEOUT_ENV
+        from capsule_core.sanitize.engine import TIMEOUT_ENV
 
         if not tools:
             raise fail("--sanitize-timeout: applies to sanitizer runs; add --sanitize", EXIT_USAGE)
@@ -347,7 +354,7 @@ def verify(
         chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, launch_timeout=launch_timeout
     )
     if where is not None:
-        from capsule_core import parallel
+        from capsule_core.drivers import parallel
 
         typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
     result = engine.VerifyReport(chosen.name, note, seed, quick)
@@ -401,7 +408,7 @@ def verify(
 def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tuple[str, ...]:
     """The sanitizers asked for by --sanitize (a comma list, or all) and --check sanitize.TOOL
     (exit 2 for an unknown tool)."""
-    from capsule_core.sanitize import TOOLS
+    from capsule_core.sanitize.engine import TOOLS
 
     asked = (
         []

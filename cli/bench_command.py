@@ -1,4 +1,4 @@
-"""`capsules bench`: parse the options, run capsule_core.bench, write what capsule_core.report renders.
+"""`capsules bench`: parse the options, run capsule_core.bench.engine, write what capsule_core.render.report renders.
 
 Kept light at import time: numpy, the engine and the backends load inside the command.
 """
@@ -115,7 +115,7 @@ def bench(
             raise fail(
                 f"--suite: cannot be combined with {', '.join(given)} (a suite fixes its ops and shapes)", EXIT_USAGE
             )
-        from capsule_core.bench_suites import SUITES
+        from capsule_core.bench.suites import SUITES
 
         if suite not in SUITES:
             raise fail(f"--suite: unknown suite {suite!r} (suites: {', '.join(SUITES)})", EXIT_USAGE)
@@ -123,7 +123,7 @@ def bench(
     elif not names and not all_:
         raise fail("NAME: give capsule names, --all or --suite reference", EXIT_USAGE)
     else:
-        from capsule_core import native_cuda, registry
+        from capsule_core.catalog import native_cuda, registry
 
         try:
             capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
@@ -135,8 +135,8 @@ def bench(
                 f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules", EXIT_USAGE
             )
 
-    from capsule_core import bench as engine
-    from capsule_core import report
+    from capsule_core.bench import engine
+    from capsule_core.render import report
 
     try:
         chosen_size = engine.parse_size(size or "auto")
@@ -213,8 +213,9 @@ def bench(
 
 def _write_outputs(result, json_file: Path | None, csv_file: Path | None, plot: Path | None):
     """--json, --csv and --plot, each written atomically; exit 3 if one cannot be."""
-    from capsule_core import __version__, report
+    from capsule_core import __version__
     from capsule_core.output_files import atomic_path, write_texts_atomic
+    from capsule_core.render import report
     from cli.common import EXIT_ENVIRONMENT, fail
 
     texts = {}

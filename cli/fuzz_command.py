@@ -1,4 +1,4 @@
-"""`capsules fuzz`: parse the options, run capsule_core.fuzz, write what capsule_core.report renders.
+"""`capsules fuzz`: parse the options, run capsule_core.fuzz.engine, write what capsule_core.render.report renders.
 
 Kept light at import time: hypothesis, numpy and the engine load inside the command.
 """
@@ -93,8 +93,9 @@ def fuzz(
     """
     import time as clock
 
-    from capsule_core import native_cuda, registry, report
+    from capsule_core.catalog import native_cuda, registry
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
+    from capsule_core.render import report
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
 
     if replay is not None and (names or all_):
@@ -125,8 +126,8 @@ def fuzz(
         raise fail(unwritable, EXIT_USAGE)
     launch_timeout = launch_timeout_option(launch_timeout)
 
-    from capsule_core import fuzz as engine
     from capsule_core.backends.select import resolve
+    from capsule_core.fuzz import engine
 
     recorded = None
     if replay is not None:
@@ -141,7 +142,7 @@ def fuzz(
         raise fail(str(exc), EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
     where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, launch_timeout=launch_timeout)
-    from capsule_core import parallel
+    from capsule_core.drivers import parallel
 
     if where is not None:
         typer.echo(parallel.describe(where, fresh=bool(isolate)), err=True)
@@ -188,8 +189,8 @@ def fuzz(
 def _search(capsules, chosen, where, result, database, time_budget, max_examples, run_seed, fresh) -> None:
     """Fuzz the capsules into result.capsules: in the workers of `where` (a poisoned or dead
     worker is replaced, the run goes on), or here one after another."""
-    from capsule_core import fuzz as engine
-    from capsule_core import parallel
+    from capsule_core.drivers import parallel
+    from capsule_core.fuzz import engine
     from cli.common import progress_bar
 
     with progress_bar() as progress:

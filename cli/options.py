@@ -11,7 +11,7 @@ class BackendOption(str, Enum):
 
 
 class ArchOption(str, Enum):
-    """The architectures the kernels are built for (capsule_core.kernels.ARCHES)."""
+    """The architectures the kernels are built for (capsule_core.kernels.nvcc.ARCHES)."""
 
     sm_80 = "sm_80"
     sm_90 = "sm_90"

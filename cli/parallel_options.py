@@ -1,4 +1,4 @@
-"""--jobs, --devices and --ray, shared by verify and fuzz: parse them into capsule_core.parallel's
+"""--jobs, --devices and --ray, shared by verify and fuzz: parse them into capsule_core.drivers.parallel's
 terms and gather what its engines yield. Kept light at import time (capsules --help)."""
 
 from typing import Annotated, Optional
@@ -72,7 +72,7 @@ def spread(
     """Where the options put the capsules: local workers, a Ray cluster, or None (here, one after
     another). Without --jobs or --ray, the kernels of emu and cuda run contained in one worker
     process unless --no-isolate. A usage error exits 2, a missing Ray or GPU 3."""
-    from capsule_core import parallel
+    from capsule_core.drivers import parallel
     from capsule_core.errors import EnvironmentMissing
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail
 

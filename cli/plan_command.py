@@ -1,5 +1,5 @@
-"""`capsules plan`: parse the request, call capsule_core.explain, write what
-capsule_core.plan_report renders.
+"""`capsules plan`: parse the request, call capsule_core.plan.explain, write what
+capsule_core.render.plan renders.
 
 Kept light at import time: numpy, the registry of plans and nvcc load inside the command.
 """
@@ -61,8 +61,10 @@ def plan(
     """
     import json
 
-    from capsule_core import __version__, explain, plan_report
+    from capsule_core import __version__
     from capsule_core.errors import InputError, UnknownNameError
+    from capsule_core.plan import explain
+    from capsule_core.render import plan as plan_report
     from cli.common import EXIT_USAGE, EXIT_VIOLATION, fail
 
     try:

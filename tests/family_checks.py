@@ -2,7 +2,7 @@
 
 - the nvcc build of cuda/<family>.cu for every arch of `capsules check`, through compile_file's
   content-hash cache (CAPSULES_CACHE; each file compiled at most once a session): within the
-  family's KernelBudget (capsule_core/plans/<family>.BUDGET, what `capsules check` enforces: no nvcc
+  family's KernelBudget (capsule_core/kernels/plans/<family>.BUDGET, what `capsules check` enforces: no nvcc
   warning, no spills, registers and stack frames as declared), every kernel of the file a
   registered entry point and a PTX .entry with the declared parameter types, and the source
   spelling out each declared signature;
@@ -26,14 +26,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from capsule_core import registry
-from capsule_core.check import budget_problems, expected_ptx_type, family_budget
-from capsule_core.cpu_providers import REFERENCE
-from capsule_core.kernels import ARCHES, REGISTERS_PER_SM, CompiledFile, CompileError, compile_all, cuda_source_dir
-from capsule_core.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
-from capsule_core.numerics import compare
+from capsule_core.catalog import registry
+from capsule_core.catalog.cpu_providers import REFERENCE
+from capsule_core.check.engine import budget_problems, expected_ptx_type, family_budget
+from capsule_core.kernels.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
+from capsule_core.kernels.nvcc import ARCHES, REGISTERS_PER_SM, CompiledFile, CompileError, compile_all, cuda_source_dir
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Exact, seeded_rng, shapes_of, validate
+from capsule_core.verify.numerics import compare
 
 SIZES = ("small", "medium", "large")
 SHARED_PER_BLOCK = 48 * 1024
@@ -241,10 +241,10 @@ def plan_case_problems(
     spec = get_spec(op)
     capsule = registry.lookup(op)
     refs = {r.symbol: r for r in capsule.symbols}
-    family_plans = importlib.import_module(f"capsule_core.plans.{capsule.family}").PLANS
+    family_plans = importlib.import_module(f"capsule_core.kernels.plans.{capsule.family}").PLANS
     problems = []
     if tuple(plan_functions(capsule)) != tuple(family_plans[op]):
-        problems.append(f"{op}: launch.plan_functions does not find capsule_core.plans.{capsule.family}.PLANS")
+        problems.append(f"{op}: launch.plan_functions does not find capsule_core.kernels.plans.{capsule.family}.PLANS")
     if spec.has_vjp != (family_plans[op][1] is not None):
         problems.append(f"{op}: a backward plan {'missing' if spec.has_vjp else 'without a VJP'}")
         return problems

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capsule_core.kernels import cuda_source_dir, find_nvcc
+from capsule_core.kernels.nvcc import cuda_source_dir, find_nvcc
 
 HARNESS_DIR = Path(__file__).resolve().parent / "host"
 
@@ -63,7 +63,7 @@ def declare(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
 def declare_kernels(lib: ctypes.CDLL, refs) -> ctypes.CDLL:
     """host_<op>_<dir> for each registry symbol capsule_<op>_<dir>, returning void: the declared
     parameters (float pointers as float*)."""
-    from capsule_core.launch import parse_param
+    from capsule_core.kernels.launch import parse_param
 
     return declare(
         lib,

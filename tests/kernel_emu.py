@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from capsule_core import registry
 from capsule_core.backends.emu import EmuBackend, KernelFault, find_host_compiler
-from capsule_core.c_types import BUFFER_DTYPES
+from capsule_core.backends.execution import SENTINEL, GuardedOutput
+from capsule_core.catalog import registry
 from capsule_core.errors import EnvironmentMissing
-from capsule_core.execution import SENTINEL, GuardedOutput
-from capsule_core.launch import Launch, LaunchPlan
+from capsule_core.kernels.c_types import BUFFER_DTYPES
+from capsule_core.kernels.launch import Launch, LaunchPlan
 
 
 class GridCappedEmu(EmuBackend):

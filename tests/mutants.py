@@ -47,10 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
+from capsule_core.backends.execution import GUARD_ELEMENTS, Run
 from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.errors import InputError
-from capsule_core.execution import GUARD_ELEMENTS, Run
-from capsule_core.kernels import cuda_source_dir
+from capsule_core.kernels.nvcc import cuda_source_dir
 from capsule_core.ops import conv_pool as cp
 from capsule_core.ops import get_spec
 from capsule_core.ops import norm as nm
@@ -1579,8 +1579,8 @@ class Outcome:
 
 
 def verify_statuses(op: str, backend, seed: int = 0):
-    from capsule_core import registry
-    from capsule_core.verify import verify_capsule
+    from capsule_core.catalog import registry
+    from capsule_core.verify.engine import verify_capsule
 
     report = verify_capsule(registry.lookup(op), backend, quick=True, seed=seed, checks=DYNAMIC_CHECKS)
     statuses = {r.check: r.status.value for r in report.results}

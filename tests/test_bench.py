@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import baselines, bench, registry, report
+from capsule_core.bench import baselines
+from capsule_core.bench import engine as bench
+from capsule_core.catalog import registry
 from capsule_core.ops import all_specs, get_spec
 from capsule_core.ops.base import Cost, normalize_params, seeded_rng, shapes_of, validate
+from capsule_core.render import report
 from cli.app import app
 
 runner = CliRunner()
@@ -562,7 +565,7 @@ def test_json_document_has_the_documented_fields():
     assert {b["name"] for b in ok["baselines"]} == {"torch", "numpy"}
     skipped = next(c for c in doc["cases"] if c["status"] == "SKIPPED")
     assert skipped["time"] is None and skipped["reason"].startswith("out of memory")
-    documented = open(report.__file__.replace("capsule_core/report.py", "docs/bench-schema.md")).read()
+    documented = open(report.__file__.replace("capsule_core/render/report.py", "docs/bench-schema.md")).read()
     for key in SCHEMA_KEYS | CASE_KEYS | TIME_KEYS:
         assert f'"{key}"' in documented, key
 
@@ -747,7 +750,7 @@ class FakeDriver:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    from capsule_core.kernels import find_nvcc
+    from capsule_core.kernels.nvcc import find_nvcc
 
     try:
         find_nvcc()

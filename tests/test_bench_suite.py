@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import baselines, bench, bench_suites, report
-from capsule_core.bench_suites import REFERENCE, SUITES, Suite, SuiteCase
-from capsule_core.launch import plan_functions, plan_problems
+from capsule_core.bench import baselines
+from capsule_core.bench import engine as bench
+from capsule_core.bench import suites as bench_suites
+from capsule_core.bench.suites import REFERENCE, SUITES, Suite, SuiteCase
+from capsule_core.catalog.registry import lookup
+from capsule_core.kernels.launch import plan_functions, plan_problems
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import check_input_names, normalize_params, shapes_of
-from capsule_core.registry import lookup
+from capsule_core.render import report
 from cli.app import app
 from tests.test_bench import Stream, ToyDevice, ToyLibrary, fake_cuda, forever  # noqa: F401 (a fixture)
 
@@ -145,7 +148,7 @@ class GradLibrary(ToyLibrary):
         self.error = error
 
     def backward_call(self, twin, arrays, params, cotangent, names):
-        from capsule_core.cpu_providers import NUMPY_F32
+        from capsule_core.catalog.cpu_providers import NUMPY_F32
 
         def call():
             grads = NUMPY_F32.vjp("layer_norm", arrays, cotangent, **params)

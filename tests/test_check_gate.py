@@ -10,10 +10,11 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import check as check_engine
-from capsule_core import kernels, native_cuda
-from capsule_core.check import family_budget
-from capsule_core.kernels import KernelBudget, KernelResources, register_budget
+from capsule_core.catalog import native_cuda
+from capsule_core.check import engine as check_engine
+from capsule_core.check.engine import family_budget
+from capsule_core.kernels import nvcc as kernels
+from capsule_core.kernels.nvcc import KernelBudget, KernelResources, register_budget
 from cli.app import app
 
 runner = CliRunner()
@@ -30,7 +31,7 @@ def budget_item(doc):
 
 
 def lower_budget(monkeypatch, family: str, **changes) -> KernelBudget:
-    plans = importlib.import_module(f"capsule_core.plans.{family}")
+    plans = importlib.import_module(f"capsule_core.kernels.plans.{family}")
     budget = dataclasses.replace(plans.BUDGET, **changes)
     monkeypatch.setattr(plans, "BUDGET", budget)
     return budget
@@ -137,8 +138,8 @@ def test_show_prints_each_kernel_beside_its_budget(monkeypatch):
 def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_report(monkeypatch):
     """A crashing plan is a FAILED launch.plan in check and verify, and an ERROR of the dynamic
     checks on a device backend: never a traceback, never a lost report."""
-    from capsule_core import launch
-    from capsule_core.plans import pointwise
+    from capsule_core.kernels import launch
+    from capsule_core.kernels.plans import pointwise
 
     def crashing(arrays, params):
         raise ZeroDivisionError("float division by zero")

@@ -7,8 +7,9 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import doctor, kernels
+from capsule_core import doctor
 from capsule_core.errors import EnvironmentMissing
+from capsule_core.kernels import nvcc as kernels
 from cli.app import app
 
 runner = CliRunner()

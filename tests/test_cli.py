@@ -153,7 +153,7 @@ def test_show_gives_ptxas_resources_of_each_kernel():
 
 
 def test_show_without_nvcc_says_why_resources_are_unknown(monkeypatch, tmp_path):
-    from capsule_core import kernels
+    from capsule_core.kernels import nvcc as kernels
 
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)

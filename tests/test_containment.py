@@ -18,7 +18,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from capsule_core.kernels import cuda_source_dir
+from capsule_core.kernels.nvcc import cuda_source_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

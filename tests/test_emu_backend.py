@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from capsule_core.backends import emu
+from capsule_core.backends.execution import GuardedOutput
 from capsule_core.backends.select import resolve
 from capsule_core.errors import EnvironmentMissing
-from capsule_core.execution import GuardedOutput
 from capsule_core.ops import get_spec
 from cli.app import app
 

@@ -14,11 +14,11 @@ import pytest
 from mutants import LEGIT, MUTANTS
 from typer.testing import CliRunner
 
-from capsule_core import fuzz as engine
-from capsule_core import registry
+from capsule_core.backends.execution import Run
 from capsule_core.backends.numpy_f32 import NumpyBackend
+from capsule_core.catalog import registry
 from capsule_core.errors import ShapeError
-from capsule_core.execution import Run
+from capsule_core.fuzz import engine
 from cli.app import app
 
 runner = CliRunner()

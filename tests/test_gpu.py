@@ -2,8 +2,8 @@
 
 import pytest
 
-from capsule_core import native_cuda
-from capsule_core import verify as engine
+from capsule_core.catalog import native_cuda
+from capsule_core.verify import engine
 
 pytestmark = pytest.mark.gpu
 
@@ -33,10 +33,10 @@ def test_a_failed_launch_is_reported_not_fatal(cuda_backend):
 
     import numpy as np
 
-    from capsule_core import registry
     from capsule_core.backends.cuda import LaunchFailed
-    from capsule_core.execution import GuardedOutput
-    from capsule_core.launch import plan_functions
+    from capsule_core.backends.execution import GuardedOutput
+    from capsule_core.catalog import registry
+    from capsule_core.kernels.launch import plan_functions
 
     capsule = registry.lookup("relu")
     forward, _ = plan_functions(capsule)

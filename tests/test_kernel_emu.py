@@ -17,8 +17,8 @@ from kernel_emu import HostReplay, emulator
 
 from capsule_core.backends.emu import EMULATOR_HEADER, HOST_FLAGS, LINKER_SCRIPT, find_host_compiler
 from capsule_core.errors import EnvironmentMissing
-from capsule_core.kernels import cuda_source_dir
-from capsule_core.launch import Buffer, Launch, LaunchPlan
+from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan
+from capsule_core.kernels.nvcc import cuda_source_dir
 
 SOURCE = r"""
 #include <cstdint>

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import check as check_engine
-from capsule_core import kernels
+from capsule_core.check import engine as check_engine
 from capsule_core.errors import EnvironmentMissing
-from capsule_core.launch import Buffer, Launch, LaunchPlan, plan_problems
+from capsule_core.kernels import nvcc as kernels
+from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan, plan_problems
 from capsule_core.model import NativeSymbolRef
 from cli.app import app
 
@@ -107,7 +107,7 @@ def test_damaged_entry_is_rebuilt(cache, source, damage):
 
 def test_four_processes_compiling_at_once_share_one_entry(cache, source):
     code = (
-        "import sys; from pathlib import Path; from capsule_core import kernels; "
+        "import sys; from pathlib import Path; from capsule_core.kernels import nvcc as kernels; "
         "r = kernels.compile_file(Path(sys.argv[1]), 'sm_90'); print(len(r.cubin))"
     )
     env = {**os.environ, "CAPSULES_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
@@ -236,9 +236,9 @@ EVERY_REF = NativeSymbolRef(
 
 def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
     """The table's PTX column is nvcc's own: a kernel taking every type, compiled, against it."""
-    from capsule_core.c_types import C_TYPES
-    from capsule_core.check import expected_ptx_type
-    from capsule_core.launch import parse_param
+    from capsule_core.check.engine import expected_ptx_type
+    from capsule_core.kernels.c_types import C_TYPES
+    from capsule_core.kernels.launch import parse_param
 
     source = tmp_path / "types.cu"
     source.write_text(EVERY_TYPE)
@@ -250,7 +250,7 @@ def test_every_c_type_of_the_table_is_what_nvcc_declares(cache, tmp_path):
 
 def test_the_emulator_passes_every_c_type_and_plan_buffers_of_uint32(tmp_path):
     from capsule_core.backends.emu import EmuBackend
-    from capsule_core.launch import parse_param
+    from capsule_core.kernels.launch import parse_param
 
     (tmp_path / "types.cu").write_text(EVERY_TYPE)
     assert [parse_param(p).ctype for p in EVERY_REF.params[3:]] == [
@@ -302,7 +302,7 @@ def test_the_emulator_passes_every_c_type_and_plan_buffers_of_uint32(tmp_path):
             {EVERY_REF.symbol: EVERY_REF},
         )
     )
-    from capsule_core.execution import GuardedOutput
+    from capsule_core.backends.execution import GuardedOutput
 
     out = GuardedOutput((4,))  # four-byte elements: its bits read back as uint32
     capsule = type("Capsule", (), {"symbols": (EVERY_REF,)})()

@@ -29,8 +29,8 @@ from mutants import (
     run_kernel_mutant,
 )
 
-from capsule_core import kernels
 from capsule_core.backends import emu
+from capsule_core.kernels import nvcc as kernels
 from capsule_core.ops import FAMILIES, all_specs
 
 pytestmark = pytest.mark.skipif(

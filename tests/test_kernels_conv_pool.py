@@ -28,10 +28,10 @@ from family_checks import (
 from hostmath import F32P, I64P, declare, load
 from kernel_emu import emulator
 
-from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.plans import conv_pool as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, numel, seeded_rng, validate
-from capsule_core.plans import conv_pool as plans
 
 FAMILY = "conv_pool"
 OPS = ("conv", "conv_transpose", "max_pool", "smooth_max_pool", "avg_pool")

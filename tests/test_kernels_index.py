@@ -31,10 +31,10 @@ from family_checks import (
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels import ARCHES
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans import index as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
-from capsule_core.plans import index as plans
 
 FAMILY = "index"
 OPS = ("gather", "scatter_add")

@@ -29,12 +29,12 @@ from family_checks import (
 from hostmath import declare, f32_ptr, load
 from kernel_emu import emulator
 
-from capsule_core.kernels import ARCHES, cuda_source_dir
-from capsule_core.launch import STATIC_SHARED_LIMIT, Buffer, LaunchPlan
-from capsule_core.numerics import compare
+from capsule_core.kernels.launch import STATIC_SHARED_LIMIT, Buffer, LaunchPlan
+from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.plans import linalg as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
-from capsule_core.plans import linalg as plans
+from capsule_core.verify.numerics import compare
 
 FAMILY = "linalg"
 OPS = ("matmul", "linear", "mse_loss")

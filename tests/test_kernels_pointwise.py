@@ -18,11 +18,11 @@ from family_checks import (
 )
 from hostmath import declare_kernels, f32_ptr, load
 
-from capsule_core.kernels import ARCHES
-from capsule_core.launch import parse_param
+from capsule_core.kernels.launch import parse_param
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans.pointwise import BLOCK, PLANS, VECTOR
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import SPECIAL_VALUES, seeded_rng, validate
-from capsule_core.plans.pointwise import BLOCK, PLANS, VECTOR
 
 FAMILY = "pointwise"
 OPS = (

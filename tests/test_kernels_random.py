@@ -19,12 +19,12 @@ from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
 from kernel_emu import unwritten
 
-from capsule_core import reference, registry
-from capsule_core.kernels import ARCHES
+from capsule_core.catalog import reference, registry
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans import random as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, validate
 from capsule_core.ops.random import uniform_values
-from capsule_core.plans import random as plans
 
 FAMILY = "random"
 OPS = ("rand_uniform", "bernoulli_mask")

@@ -19,10 +19,10 @@ from family_checks import (
 from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
 
-from capsule_core import reference
-from capsule_core.kernels import ARCHES
+from capsule_core.catalog import reference
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans import reduce as plans
 from capsule_core.ops.base import Sample
-from capsule_core.plans import reduce as plans
 
 FAMILY = "reduce"
 OPS = ("reduce_sum", "reduce_mean")

@@ -28,10 +28,10 @@ from family_checks import (
 from hostmath import F32P, I64P, declare, f32, load, ptr
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.plans import scan as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng, validate
-from capsule_core.plans import scan as plans
 
 FAMILY = "scan"
 OP = "selective_scan"

@@ -21,12 +21,12 @@ from family_checks import (
 from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
 
-from capsule_core import reference
-from capsule_core.kernels import ARCHES
-from capsule_core.launch import Launch, LaunchPlan
+from capsule_core.catalog import reference
+from capsule_core.kernels.launch import Launch, LaunchPlan
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans import softmax as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng
-from capsule_core.plans import softmax as plans
 
 FAMILY = "softmax"
 OPS = ("log_softmax", "softmax", "hard_masked_softmax")

@@ -26,10 +26,10 @@ from family_checks import (
 from hostmath import F32P, I64P, declare, load, ptr
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.plans import spectral as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
-from capsule_core.plans import spectral as plans
 
 FAMILY = "spectral"
 OP = "fft_fno"

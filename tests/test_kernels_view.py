@@ -32,12 +32,12 @@ from family_checks import (
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
 
-from capsule_core import registry
-from capsule_core.kernels import ARCHES
-from capsule_core.launch import Buffer, plan_functions, plan_problems
+from capsule_core.catalog import registry
+from capsule_core.kernels.launch import Buffer, plan_functions, plan_problems
+from capsule_core.kernels.nvcc import ARCHES
+from capsule_core.kernels.plans import view as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
-from capsule_core.plans import view as plans
 
 FAMILY = "view"
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")

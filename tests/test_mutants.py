@@ -14,8 +14,8 @@ import time
 import pytest
 from mutants import BAD, DYNAMIC_CHECKS, LEGIT, MUTANTS, baseline, run_mutant, table, verify_statuses
 
-from capsule_core.checks import CHECKS
 from capsule_core.ops import FAMILIES, all_specs
+from capsule_core.verify.checks import CHECKS
 
 MIN_SCORE = 0.95
 TIME_BUDGET_S = 60.0

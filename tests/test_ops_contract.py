@@ -6,11 +6,11 @@ import re
 import numpy as np
 import pytest
 
-from capsule_core import gradcheck
-from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
-from capsule_core.numerics import compare
+from capsule_core.catalog.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.ops import all_specs
 from capsule_core.ops.base import Cost, InputError, numel, seeded_rng, shapes_of, validate
+from capsule_core.verify import gradcheck
+from capsule_core.verify.numerics import compare
 
 SPECS = list(all_specs().values())
 IDS = [s.name for s in SPECS]

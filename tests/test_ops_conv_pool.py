@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from capsule_core import reference
-from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
-from capsule_core.numerics import compare
+from capsule_core.catalog import reference
+from capsule_core.catalog.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import shapes_of, validate
+from capsule_core.verify.numerics import compare
 
 correlate = pytest.importorskip("scipy.signal").correlate
 logsumexp = pytest.importorskip("scipy.special").logsumexp

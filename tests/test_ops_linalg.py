@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from capsule_core import reference
 from capsule_core.backends.numpy_f32 import forward as numpy_forward
+from capsule_core.catalog import reference
 from capsule_core.errors import ShapeError
 from capsule_core.ops import get_spec
 

@@ -6,10 +6,10 @@ and batch_norm as layer_norm of the channel rows."""
 import numpy as np
 import pytest
 
-from capsule_core import reference
-from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
-from capsule_core.numerics import compare
+from capsule_core.catalog import reference
+from capsule_core.catalog.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.ops import get_spec
+from capsule_core.verify.numerics import compare
 
 EPS32 = float(np.float32(1e-6))
 """The default eps as the reference sees it (rounded to float32)."""

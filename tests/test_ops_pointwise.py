@@ -5,11 +5,11 @@ float32 implementations other than numpy's pass, planted bugs do not)."""
 import numpy as np
 import pytest
 
-from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
+from capsule_core.catalog.cpu_providers import NUMPY_F32, REFERENCE
 from capsule_core.errors import ParamError
-from capsule_core.numerics import compare
 from capsule_core.ops import get_spec
 from capsule_core.ops.pointwise import SPECS
+from capsule_core.verify.numerics import compare
 
 scipy_special = pytest.importorskip("scipy.special")
 

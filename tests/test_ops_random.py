@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from capsule_core import reference
 from capsule_core.backends.numpy_f32 import forward as numpy_forward
+from capsule_core.catalog import reference
 from capsule_core.errors import ParamError
 from capsule_core.ops.random import GOLDEN_GAMMA, mix, splitmix64_stream, uniform_bits
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from capsule_core import reference
+from capsule_core.catalog import reference
 from capsule_core.errors import ParamError
 
 RNG = np.random.default_rng(7)

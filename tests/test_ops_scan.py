@@ -4,7 +4,7 @@ unrolled sum (independent implementations), and its edge conventions."""
 import numpy as np
 import pytest
 
-from capsule_core import reference
+from capsule_core.catalog import reference
 from capsule_core.errors import ShapeError
 
 lfilter = pytest.importorskip("scipy.signal").lfilter
@@ -134,8 +134,8 @@ def test_model_holds_the_recurrence_in_float32_where_a_chunk_decay_product_under
     chunk [18, 27)'s Π A in plain float32 (0.82·2^-149·0.82^7 = 2.94e-46 rounds to 2^-149, as the
     failing kernel did) gives 4.77 times the reference at t = 27: |y-r| = 8.23e-37 > 70·2^-126 + 70u·M
     (x = 2.9e10 is the smallest the fuzzer's shrinking kept failing; a larger x fails by far more)."""
-    from capsule_core.numerics import compare
     from capsule_core.ops import get_spec
+    from capsule_core.verify.numerics import compare
 
     spec = get_spec("selective_scan")
     x = np.zeros((1, 33, 1), np.float32)

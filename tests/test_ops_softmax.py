@@ -4,8 +4,8 @@ and the special-value conventions of the spec."""
 import numpy as np
 import pytest
 
-from capsule_core import reference
 from capsule_core.backends.numpy_f32 import forward as numpy_forward
+from capsule_core.catalog import reference
 from capsule_core.errors import ShapeError
 
 special = pytest.importorskip("scipy.special")

@@ -6,7 +6,7 @@ import doctest
 import numpy as np
 import pytest
 
-from capsule_core import reference
+from capsule_core.catalog import reference
 from capsule_core.errors import ShapeError
 from capsule_core.ops import spectral
 from capsule_core.ops.spectral import rfft_modes
@@ -125,7 +125,7 @@ def test_mode_count_limit_is_g_over_two_plus_one(grid, modes, ok):
 
 
 def test_numpy_provider_returns_float32():
-    from capsule_core.cpu_providers import NUMPY_F32
+    from capsule_core.catalog.cpu_providers import NUMPY_F32
 
     inputs = {k: v.astype(np.float32) for k, v in _inputs(SHAPES[2]).items()}
     y = NUMPY_F32.forward("fft_fno", inputs)

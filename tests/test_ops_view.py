@@ -4,8 +4,8 @@ cannot see: no copy for reshape, NaN payloads and −0 carried through, rank 0, 
 import numpy as np
 import pytest
 
-from capsule_core import reference
-from capsule_core.cpu_providers import NUMPY_F32
+from capsule_core.catalog import reference
+from capsule_core.catalog.cpu_providers import NUMPY_F32
 from capsule_core.errors import ParamError, ShapeError
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng

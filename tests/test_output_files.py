@@ -9,8 +9,10 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import bench, fuzz, output_files
-from capsule_core import verify as verify_engine
+from capsule_core import output_files
+from capsule_core.bench import engine as bench
+from capsule_core.fuzz import engine as fuzz
+from capsule_core.verify import engine as verify_engine
 from cli.app import app
 
 runner = CliRunner()

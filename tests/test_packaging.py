@@ -79,7 +79,7 @@ def test_wheel_installs_and_finds_its_cuda_sources(tmp_path):
         [
             str(python),
             "-c",
-            "import capsule_core, capsule_core.kernels as k, capsule_core.plans.pointwise; "
+            "import capsule_core, capsule_core.kernels.nvcc as k, capsule_core.kernels.plans.pointwise; "
             "print(capsule_core.__file__); print(k.source_path('cuda/common.cuh'))",
         ],
         cwd=outside,

@@ -17,7 +17,8 @@ import pytest
 from mutants import MUTANTS
 from typer.testing import CliRunner
 
-from capsule_core import parallel, registry
+from capsule_core.catalog import registry
+from capsule_core.drivers import parallel
 from capsule_core.errors import EnvironmentMissing
 from cli.app import app
 
@@ -30,7 +31,7 @@ HOOK = '''
 import functools, os, signal, time
 from pathlib import Path
 
-import capsule_core.parallel as parallel
+import capsule_core.drivers.parallel as parallel
 
 ACTION, TARGET, MARKS = os.environ["CAPSULES_TEST_HOOK"].split(":", 2)
 
@@ -340,7 +341,7 @@ def test_the_fuzz_time_budget_is_shared_in_rounds_of_one_capsule_per_worker(monk
 def test_a_failure_found_on_a_node_replays_here_from_the_merged_database(tmp_path):
     """What a Ray fuzz task does on its node (a private database, back with what it added), then
     the merge here: the local search starts from the node's failure."""
-    from capsule_core.fuzz import fuzz_capsule
+    from capsule_core.fuzz.engine import fuzz_capsule
 
     mutant = next(m for m in MUTANTS if m.id == "sub-vjp-sign")
     found, added = parallel._fuzz_on_node(

@@ -7,10 +7,10 @@ import tracemalloc
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import explain
 from capsule_core.backends import cuda
 from capsule_core.errors import EnvironmentMissing, ParamError, ShapeError
-from capsule_core.occupancy import ARCHES, occupancy
+from capsule_core.kernels.occupancy import ARCHES, occupancy
+from capsule_core.plan import explain
 from cli.app import app
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""The pytest plugin (capsule_core.pytest_plugin, entry point pytest11): capsule checks as test
+"""The pytest plugin (capsule_core.drivers.pytest_plugin, entry point pytest11): capsule checks as test
 items, run through pytester as a user's test suite would run them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import capsule_core
-from capsule_core.checks import CHECKS
+from capsule_core.verify.checks import CHECKS
 
 pytest_plugins = ["pytester"]
 
@@ -32,7 +32,7 @@ def test_one_item_per_capsule_and_check(pytester):
 
 
 def test_all_means_every_native_capsule(pytester):
-    from capsule_core.native_cuda import CAPSULES
+    from capsule_core.catalog.native_cuda import CAPSULES
 
     result = pytester.runpytest("--capsules", "all", *NUMPY, "--collect-only", "-q")
     assert sum(line.startswith("capsules::") for line in result.outlines) == len(CAPSULES) * len(CHECKS)
@@ -48,7 +48,7 @@ def test_passed_passes_and_skipped_skips_with_its_reason(pytester):
 
 def _negated_relu(monkeypatch):
     """A planted bug: the numpy provider's relu comes out negated."""
-    from capsule_core.cpu_providers import NUMPY_F32
+    from capsule_core.catalog.cpu_providers import NUMPY_F32
 
     honest = NUMPY_F32.forward
 
@@ -79,7 +79,7 @@ def test_exitfirst_stops_at_the_first_failed_check(pytester, monkeypatch):
 
 
 def test_each_capsule_is_verified_once_for_its_selected_checks(pytester, monkeypatch):
-    import capsule_core.verify as engine
+    import capsule_core.verify.engine as engine
 
     calls = []
     honest = engine.verify_capsule
@@ -154,7 +154,7 @@ def test_without_capsules_the_plugin_adds_nothing_and_imports_no_numpy(pytester)
         import sys
 
         def test_light():
-            assert "numpy" not in sys.modules and "capsule_core.registry" not in sys.modules
+            assert "numpy" not in sys.modules and "capsule_core.catalog.registry" not in sys.modules
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -165,4 +165,4 @@ def test_without_capsules_the_plugin_adds_nothing_and_imports_no_numpy(pytester)
         text=True,
         cwd=pytester.path,
     )
-    assert "capsule_core/pytest_plugin.py" in plugins.stdout
+    assert "capsule_core/drivers/pytest_plugin.py" in plugins.stdout

@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 from mutants import MutantBackend, forward_is
 
-from capsule_core import native_cuda, registry, report
-from capsule_core import verify as engine
 from capsule_core.backends.numpy_f32 import NumpyBackend
+from capsule_core.catalog import native_cuda, registry
 from capsule_core.model import NumericalPolicy, ReductionPolicy
-from capsule_core.numerics import Float32Run, compare, out_of_model
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import ORDER_LENGTH, Sample, order_terms
 from capsule_core.ops.conv_pool import WINDOW_ORDER_LENGTH
-from capsule_core.verify import Status, VerifyReport, verify_capsule
+from capsule_core.render import report
+from capsule_core.verify import engine
+from capsule_core.verify.engine import Status, VerifyReport, verify_capsule
+from capsule_core.verify.numerics import Float32Run, compare, out_of_model
 
 ORDER = ("reduction.order",)
 
@@ -205,7 +206,7 @@ OVERFLOWING_ROW = Sample(
 
 
 def test_out_of_model_marks_the_overflowing_sum_only():
-    from capsule_core.cpu_providers import NUMPY_F32, REFERENCE
+    from capsule_core.catalog.cpu_providers import NUMPY_F32, REFERENCE
 
     spec = get_spec("reduce_sum")
     x = OVERFLOWING_SUM.inputs["x"]
@@ -280,7 +281,7 @@ def test_the_report_shows_the_count(monkeypatch):
 
 
 def test_fuzz_counts_out_of_model_by_the_same_rule():
-    from capsule_core.fuzz import Example, run_example
+    from capsule_core.fuzz.engine import Example, run_example
 
     capsule = registry.lookup("reduce_sum")
     example = Example(dict(OVERFLOWING_SUM.inputs), dict(OVERFLOWING_SUM.params))

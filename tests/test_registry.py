@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from capsule_core import native_cuda, reference, registry
-from capsule_core.checks import CHECKS
+from capsule_core.catalog import native_cuda, reference, registry
 from capsule_core.errors import RegistryError, UnknownNameError
 from capsule_core.model import (
     AssurancePolicy,
@@ -30,6 +29,7 @@ from capsule_core.model import (
     contracts_aligned,
     same_identity,
 )
+from capsule_core.verify.checks import CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import sanitize
-from capsule_core.c_types import C_TYPES
+from capsule_core.kernels.c_types import C_TYPES
 from capsule_core.model import NativeSymbolRef
+from capsule_core.sanitize import engine as sanitize
 
 PLANTED = r"""
 #include <cstdint>

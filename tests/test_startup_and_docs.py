@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from capsule_core import registry, report
+from capsule_core.catalog import registry
+from capsule_core.render import report
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pycuda", "hypothesis", "scipy", "numpy", "ray", "capsule_core.ops", "capsule_core.backends")
@@ -23,7 +24,7 @@ def _imported_modules(*args) -> set[str]:
 @pytest.mark.parametrize("args", [("--help",), ("list",), ("list", "--format", "json")])
 def test_help_and_list_import_nothing_heavy(args):
     modules = _imported_modules(*args)
-    assert "capsule_core.registry" in modules or args == ("--help",)
+    assert "capsule_core.catalog.registry" in modules or args == ("--help",)
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY or any(m.startswith(h) for h in HEAVY))
     assert heavy == []
 

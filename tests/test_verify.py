@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core import registry
-from capsule_core import verify as engine
+from capsule_core.backends.execution import GUARD_ELEMENTS, SENTINEL, GuardedOutput, Run
 from capsule_core.backends.numpy_f32 import NumpyBackend
-from capsule_core.execution import GUARD_ELEMENTS, SENTINEL, GuardedOutput, Run
+from capsule_core.catalog import registry
+from capsule_core.verify import engine
 from cli.app import app
 
 DYNAMIC = (

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..c_types import BUFFER_DTYPES, C_TYPES, scalar_argument
-from ..errors import CapsuleError, EnvironmentMissing
-from .device import DeviceBackend
+from capsule_core.backends.device import DeviceBackend
+from capsule_core.errors import CapsuleError, EnvironmentMissing
+from capsule_core.kernels.c_types import BUFFER_DTYPES, C_TYPES, scalar_argument
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ class CudaBackend(DeviceBackend):
 
     def function(self, ref):
         """The prepared entry point of a NativeSymbolRef (compiled and loaded once)."""
-        from ..kernels import compile_file, source_path
-        from ..launch import parse_param
+        from capsule_core.kernels.launch import parse_param
+        from capsule_core.kernels.nvcc import compile_file, source_path
 
         if ref.symbol not in self._functions:
             if ref.path not in self._modules:
@@ -195,7 +195,7 @@ class CudaBackend(DeviceBackend):
 # Triton's do_bench with its holes closed: buffers allocated and uploaded once, one event pair
 # per call, the batch enqueued behind a spin kernel (so the pairs time the GPU, not the host's
 # launch gaps), the L2 flushed outside the pair by a write of a scratch buffer sized from the
-# device's L2 (--cold), one synchronisation per batch. The engine (capsule_core.bench) decides
+# device's L2 (--cold), one synchronisation per batch. The engine (capsule_core.bench.engine) decides
 # how many calls to make; everything here returns seconds per call.
 
 SPIN_SECONDS_MAX = 0.05
@@ -244,7 +244,7 @@ class DeviceTimer:
 
     def _peak_module(self):
         if self._module is None:
-            from ..kernels import compile_file, source_path
+            from capsule_core.kernels.nvcc import compile_file, source_path
 
             compiled = compile_file(source_path("cuda/peak.cu"), self.backend.arch)
             self._module = self.drv.module_from_buffer(compiled.cubin)

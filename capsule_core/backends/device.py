@@ -3,7 +3,7 @@
 
 A device implements six calls: allocate, upload, download, launch, synchronize, free. Everything
 above them is written once here: the plans of an op, guarded outputs (guard bands around a
-NaN-sentinel view, capsule_core.execution), inputs and host metadata uploaded, workspaces left
+NaN-sentinel view, capsule_core.backends.execution), inputs and host metadata uploaded, workspaces left
 as the device gives them, every other buffer between guard bands too, every launch of the plan in
 order, outputs and aliases downloaded, the inputs read back for `inputs.intact` and the bands for
 `bounds`. So the emulator exercises every line of a GPU run except the driver calls themselves.
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import activity
-from ..c_types import BUFFER_DTYPES, scalar_argument
-from ..errors import CapsuleError
-from ..execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
-from ..launch import flat_buffers, parse_param
+from capsule_core import activity
+from capsule_core.backends.execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
+from capsule_core.errors import CapsuleError
+from capsule_core.kernels.c_types import BUFFER_DTYPES, scalar_argument
+from capsule_core.kernels.launch import flat_buffers, parse_param
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ class DeviceBackend:
     # -- plans ---------------------------------------------------------------------------------
 
     def _plans(self, spec):
-        from ..launch import plan_functions
-        from ..registry import lookup
+        from capsule_core.catalog.registry import lookup
+        from capsule_core.kernels.launch import plan_functions
 
         capsule = lookup(spec.name)
         functions = plan_functions(capsule)
@@ -170,7 +170,7 @@ class DeviceBackend:
                 self.free(address)
 
     def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
-        from ..ops.base import validate
+        from capsule_core.ops.base import validate
 
         arrays, p, _ = validate(spec, inputs, params, np.float32)
         capsule, (forward_plan, _) = self._plans(spec)
@@ -180,7 +180,7 @@ class DeviceBackend:
         return Run(_unflatten(executed.inputs_after, inputs), self.launch_count - before, executed.overruns)
 
     def backward(self, spec, inputs, params, g, grads) -> Run:
-        from ..ops.base import validate
+        from capsule_core.ops.base import validate
 
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
         capsule, (forward_plan, backward_plan) = self._plans(spec)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..c_types import C_TYPES, argument_word
-from ..errors import CapsuleError, EnvironmentMissing
-from .device import DeviceBackend
-from .emu_memory import address_space
+from capsule_core.backends.device import DeviceBackend
+from capsule_core.backends.emu_memory import address_space
+from capsule_core.errors import CapsuleError, EnvironmentMissing
+from capsule_core.kernels.c_types import C_TYPES, argument_word
 
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
@@ -119,7 +119,7 @@ def _argument(param, index: int) -> str:
 def dispatch_source(family: str, refs) -> str:
     """The generated table of a family: capsule_emu_run(symbol, dims[7], args) launches one entry
     point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol)."""
-    from ..launch import parse_param
+    from capsule_core.kernels.launch import parse_param
 
     lines = [
         f'#include "{family}.cu"',
@@ -155,13 +155,13 @@ def dispatch_source(family: str, refs) -> str:
 
 def emulated_families() -> list[str]:
     """The kernel families (cuda/<family>.cu) behind the native capsules: what emu runs."""
-    from .. import registry
+    from capsule_core.catalog import registry
 
     return sorted({Path(ref.path).stem for c in registry.CATALOG for ref in c.symbols})
 
 
 def family_refs(family: str) -> list:
-    from .. import registry
+    from capsule_core.catalog import registry
 
     seen = {}
     for capsule in registry.CATALOG:
@@ -172,7 +172,7 @@ def family_refs(family: str) -> list:
 
 
 def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...], family_dir: Path) -> str:
-    from ..kernels import content_key, cuda_source_dir, source_closure
+    from capsule_core.kernels.nvcc import content_key, cuda_source_dir, source_closure
 
     source_dir = cuda_source_dir()
     paths = (
@@ -208,7 +208,7 @@ def build_family(
     runner's main), from the content-hash cache when an intact build is there. `family_dir` and
     `refs`: another folder's <family>.cu and its entry points (kernels that are not the registry's,
     e.g. planted defects in tests), built against this package's emulator and headers."""
-    from ..kernels import cache_dir, cuda_source_dir
+    from capsule_core.kernels.nvcc import cache_dir, cuda_source_dir
 
     compiler = find_host_compiler()
     family_dir = Path(family_dir) if family_dir else cuda_source_dir()

@@ -6,8 +6,8 @@ honest test of the tolerance models, and the CPU stand-in for the GPU in verify.
 
 from __future__ import annotations
 
-from ..cpu_providers import NUMPY_F32
-from ..execution import Run
+from capsule_core.backends.execution import Run
+from capsule_core.catalog.cpu_providers import NUMPY_F32
 
 
 def forward(op: str, inputs: dict, **params):

@@ -3,7 +3,7 @@ the emulator when a host C++ compiler is there, else the numpy provider (design 
 
 from __future__ import annotations
 
-from ..errors import EnvironmentMissing
+from capsule_core.errors import EnvironmentMissing
 
 BACKENDS = ("auto", "cuda", "emu", "numpy")
 
@@ -13,7 +13,7 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
     explicit `cuda` or `emu` that this machine cannot run. `emulate` False: auto never picks the
     emulator (bench: an emulator's time is no kernel timing). `launch_timeout`: the emulator's
     watchdog in seconds (None: CAPSULES_LAUNCH_TIMEOUT or its default)."""
-    from .numpy_f32 import NumpyBackend
+    from capsule_core.backends.numpy_f32 import NumpyBackend
 
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
@@ -22,7 +22,7 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
     if name == "emu":
         backend = _emulator(launch_timeout)
         return backend, f"backend emu: {backend.description}"
-    from . import cuda
+    from capsule_core.backends import cuda
 
     probe = cuda.probe()
     if probe.problem is None and device < len(probe.devices):
@@ -41,6 +41,6 @@ def resolve(name: str, device: int = 0, emulate: bool = True, launch_timeout: fl
 
 
 def _emulator(launch_timeout: float | None = None):
-    from .emu import EmuBackend
+    from capsule_core.backends.emu import EmuBackend
 
     return EmuBackend(launch_timeout=launch_timeout)

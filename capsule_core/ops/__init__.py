@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from functools import lru_cache
 
-from ..errors import UnknownNameError
+from capsule_core.errors import UnknownNameError
 
 FAMILIES = (
     "pointwise",

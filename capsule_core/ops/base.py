@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InputError, ParamError, ShapeError
+from capsule_core.errors import InputError, ParamError, ShapeError
 
 U = 2.0**-24
 """Unit roundoff of float32."""

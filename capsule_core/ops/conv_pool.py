@@ -17,8 +17,8 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..errors import ParamError, ShapeError
-from .base import (
+from capsule_core.errors import ParamError, ShapeError
+from capsule_core.ops.base import (
     ORDER_LENGTH,
     SPECIAL_VALUES,
     Accumulation,

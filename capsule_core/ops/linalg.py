@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from .base import (
+from capsule_core.errors import ShapeError
+from capsule_core.ops.base import (
     Accumulation,
     Cost,
     ErrorCase,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ParamError
-from .base import DTYPE, Cost, ErrorCase, Exact, OpSpec, Param, Sample, numel
+from capsule_core.errors import ParamError
+from capsule_core.ops.base import DTYPE, Cost, ErrorCase, Exact, OpSpec, Param, Sample, numel
 
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)

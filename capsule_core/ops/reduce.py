@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ParamError, ShapeError
-from .base import (
+from capsule_core.errors import ParamError, ShapeError
+from capsule_core.ops.base import (
     SPECIAL_VALUES,
     Accumulation,
     Cost,

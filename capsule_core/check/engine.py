@@ -1,0 +1,252 @@
+"""`capsules check`: the static contract checks, no GPU needed.
+
+Per native capsule: its contracts are aligned; every declared symbol is in its source file and
+compiled into a PTX .entry whose parameters match the declared C list; every kernel within its
+family's KernelBudget (registers, no spills, no undeclared stack frame, no nvcc warning); launch
+plans legal for every sample and edge input of the OpSpec, on every target architecture. Capsules
+whose kernels are not written yet are reported PENDING.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from capsule_core.kernels.c_types import C_TYPES
+from capsule_core.kernels.launch import flat_buffers, parse_param, plan_functions, plan_problems
+from capsule_core.kernels.nvcc import (
+    ARCHES,
+    COMPILE_FLAGS,
+    CompiledFile,
+    CompileError,
+    KernelBudget,
+    KernelResources,
+    compile_all,
+    cuda_source_dir,
+    find_nvcc,
+)
+from capsule_core.model import KernelCapsule, NativeSymbolRef, contracts_aligned
+
+
+class Status(str, Enum):
+    PASSED = "PASSED"
+    FAILED = "FAILED"
+    PENDING = "PENDING"
+    """The capsule's kernels are not written yet."""
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    check: str
+    status: Status
+    messages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelRow(KernelResources):
+    """ptxas's report for one entry point on one architecture, and its register budget."""
+
+    symbol: str
+    arch: str
+    max_registers: int
+
+
+@dataclass(frozen=True)
+class CapsuleCheck:
+    capsule: str
+    items: tuple[CheckItem, ...]
+    kernels: tuple[KernelRow, ...]
+
+    @property
+    def status(self) -> Status:
+        statuses = {i.status for i in self.items}
+        if Status.FAILED in statuses:
+            return Status.FAILED
+        return Status.PENDING if Status.PENDING in statuses else Status.PASSED
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    arches: tuple[str, ...]
+    nvcc: str
+    capsules: tuple[CapsuleCheck, ...]
+    seconds: float
+    cached_compiles: int
+    fresh_compiles: int
+    flags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(c.status is Status.FAILED for c in self.capsules) else 0
+
+
+def expected_ptx_type(declared: str) -> str:
+    """The PTX type of a declared C parameter (c_types); PTX passes every pointer as a u64."""
+    p = parse_param(declared)
+    return "u64" if p.pointer else C_TYPES[p.ctype].ptx
+
+
+def _source_declares(ref: NativeSymbolRef, text: str) -> bool:
+    bounds = r"(?:__launch_bounds__\([^)]*\)\s+)?"
+    return re.search(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}{ref.symbol}\s*\(', text) is not None
+
+
+def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:
+    problems = []
+    for ref in refs:
+        path = cuda_source_dir() / Path(ref.path).name
+        if not _source_declares(ref, path.read_text(errors="replace")):
+            problems.append(f'{ref.symbol}: no extern "C" __global__ definition in {ref.path}')
+        for arch, result in compiled.items():
+            if isinstance(result, CompileError):
+                continue
+            entry = result.entries.get(ref.symbol)
+            if entry is None:
+                problems.append(f"{ref.symbol}: no PTX .entry for {arch}")
+                continue
+            want = [expected_ptx_type(p) for p in ref.params]
+            got = [p.ptx_type for p in entry]
+            if len(want) != len(got):
+                problems.append(
+                    f"{ref.symbol} ({arch}): PTX has {len(got)} parameters, the registry declares {len(want)}"
+                )
+            else:
+                for i, (w, g, declared) in enumerate(zip(want, got, ref.params)):
+                    if w != g:
+                        problems.append(
+                            f"{ref.symbol} ({arch}): parameter {i} `{declared}` should be .{w} in PTX, is .{g}"
+                        )
+    return problems
+
+
+def family_budget(family: str) -> KernelBudget:
+    """The KernelBudget declared beside the family's launch plans (capsule_core/kernels/plans/<family>.py)."""
+    return importlib.import_module(f"capsule_core.kernels.plans.{family}").BUDGET
+
+
+def budget_problems(budget: KernelBudget, build: CompiledFile, symbols) -> list[str]:
+    """Every nvcc warning of the build, and each way the kernels `symbols` exceed the budget."""
+    problems = [f"{build.arch}: nvcc warning (budget: 0 warnings): {line.strip()}" for line in build.warnings]
+    resources = build.resources
+    for symbol in symbols:
+        if symbol in resources:
+            problems += [f"{build.arch}: {p}" for p in budget.problems(symbol, resources[symbol])]
+    return problems
+
+
+def _budget_item(budget: KernelBudget, symbols, builds: list[CompiledFile]) -> CheckItem:
+    problems = [p for build in builds for p in budget_problems(budget, build, symbols)]
+    if problems:
+        return CheckItem("kernel.budget", Status.FAILED, tuple(problems))
+    arches = ", ".join(b.arch for b in builds)
+    return CheckItem(
+        "kernel.budget",
+        Status.PASSED,
+        (
+            f"{arches}: no nvcc warning; "
+            + "; ".join(
+                f"{s}: {max(b.resources[s].registers for b in builds)} registers (budget: {budget.describe(s)})"
+                for s in symbols
+            ),
+        ),
+    )
+
+
+def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
+    import numpy as np
+
+    from capsule_core.ops import get_spec
+    from capsule_core.ops.base import seeded_rng, validate
+
+    functions = plan_functions(capsule)
+    if functions is None:
+        return CheckItem("launch.plan", Status.FAILED, (f"no launch plan for {capsule.op.value}",))
+    forward_plan, backward_plan = functions
+    spec = get_spec(capsule.op.value)
+    symbols = {r.symbol: r for r in capsule.symbols}
+    problems, plans = [], 0
+    cases = [s for size in sizes for s in spec.samples(size, seeded_rng(spec.name, size))]
+    for sample in cases + spec.edges():
+        arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
+        expected = {"out": out_shape}
+        directions = [("fwd", forward_plan, expected)]
+        if spec.has_vjp and backward_plan is not None:
+            grads = {k: v.shape for k, v in flat_buffers({n: arrays[n] for n in spec.differentiable}, "d").items()}
+            directions.append(("bwd", backward_plan, grads))
+        elif spec.has_vjp:
+            problems.append("the op has a VJP but no backward plan")
+        for direction, function, outputs in directions:
+            try:
+                plan = function(arrays, params)
+            except Exception as exc:  # a plan function that crashes is a failed check, never a lost report
+                problems.append(f"{sample.case} {direction}: the plan function raised {type(exc).__name__}: {exc}")
+                continue
+            plans += 1
+            for arch in arches:
+                problems += [f"{sample.case} {direction} {arch}: {p}" for p in plan_problems(plan, symbols, arch)]
+            declared = {k: tuple(v) for k, v in plan.output_shapes.items()}
+            if declared != {k: tuple(v) for k, v in outputs.items()}:
+                problems.append(f"{sample.case} {direction}: plan outputs {declared} != expected {outputs}")
+    status = Status.FAILED if problems else Status.PASSED
+    return CheckItem(
+        "launch.plan",
+        status,
+        tuple(problems[:20]) or (f"{plans} plans over {len(cases) + len(spec.edges())} cases legal",),
+    )
+
+
+def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckReport:
+    """Run the static checks on native capsules (raises EnvironmentMissing without nvcc)."""
+    start = time.perf_counter()
+    nvcc = find_nvcc()
+    source_dir = cuda_source_dir()
+    sources = sorted({source_dir / Path(r.path).name for c in capsules for r in c.symbols})
+    present = [s for s in sources if s.is_file()]
+    compiled = compile_all([(s, a) for s in present for a in arches])
+    results = []
+    for capsule in capsules:
+        items = [CheckItem("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED)]
+        kernels = []
+        refs = capsule.symbols
+        files = sorted({source_dir / Path(r.path).name for r in refs})
+        if not refs:
+            items.append(CheckItem("ffi.symbols", Status.PASSED, ("launches no kernel: the output aliases the input",)))
+        elif not all(f.is_file() for f in files):
+            missing = ", ".join(f"cuda/{f.name}" for f in files if not f.is_file())
+            items.append(CheckItem("ffi.symbols", Status.PENDING, (f"kernels not written yet ({missing} is missing)",)))
+            results.append(CapsuleCheck(capsule.name, tuple(items), ()))
+            continue
+        else:
+            per_arch = {a: compiled[(files[0], a)] for a in arches}
+            errors = [str(r) for r in per_arch.values() if isinstance(r, CompileError)]
+            problems = errors + _symbol_problems(refs, per_arch)
+            items.append(CheckItem("ffi.symbols", Status.FAILED if problems else Status.PASSED, tuple(problems)))
+            if not errors:
+                budget = family_budget(capsule.family)
+                symbols = [r.symbol for r in refs if all(r.symbol in b.resources for b in per_arch.values())]
+                kernels = [
+                    KernelRow(**vars(b.resources[s]), symbol=s, arch=arch, max_registers=budget.registers_for(s))
+                    for arch, b in per_arch.items()
+                    for s in symbols
+                ]
+                items.append(_budget_item(budget, symbols, list(per_arch.values())))
+            if problems:
+                results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
+                continue
+        items.append(_plan_items(capsule, arches, sizes))
+        results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
+    fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
+    cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)
+    return CheckReport(
+        tuple(arches),
+        f"{nvcc.version} ({nvcc.path})",
+        tuple(results),
+        time.perf_counter() - start,
+        cached,
+        fresh,
+        COMPILE_FLAGS,
+    )

@@ -1,0 +1,1 @@
+"""`capsules fuzz`: Hypothesis strategies from the OpSpecs, shrinking, replay files."""

@@ -1,0 +1,232 @@
+"""Launch plans: from an op's inputs and parameters to the exact kernel launches.
+
+A plan names every device buffer (inputs, outputs, workspaces, host-prepared metadata) and
+every launch (symbol, grid, block, dynamic shared memory, arguments in the order of the
+registry's declared C parameter list). `check` validates plans without a GPU; the cuda backend
+executes them, so a launch can only pass what the registry declares.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from capsule_core.kernels.c_types import BUFFER_DTYPES, C_TYPES
+from capsule_core.model import KernelCapsule, NativeSymbolRef
+
+BLOCK_LIMITS = (1024, 1024, 64)
+MAX_THREADS_PER_BLOCK = 1024
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+STATIC_SHARED_LIMIT = 48 * 1024
+DYNAMIC_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
+"""Per-block shared memory with the opt-in attribute (cudaFuncAttributeMaxDynamicSharedMemorySize)."""
+
+ROLES = ("input", "output", "workspace", "meta")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A device buffer of a plan. `meta` buffers hold host-computed int64 data (geometry,
+    sorted index order) whose contents are in LaunchPlan.host_data."""
+
+    name: str
+    role: str
+    dtype: str
+    elements: int
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"buffer {self.name}: role must be one of {ROLES}")
+        if self.dtype not in BUFFER_DTYPES:
+            raise ValueError(f"buffer {self.name}: dtype must be one of {', '.join(BUFFER_DTYPES)}")
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(BUFFER_DTYPES[self.dtype]).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.elements, 0) * self.itemsize
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch. `args` follow the symbol's declared C parameters one for one: a buffer
+    name (str) for a pointer parameter, a number for a scalar parameter."""
+
+    symbol: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[Any, ...]
+    shared_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    op: str
+    direction: str
+    buffers: tuple[Buffer, ...]
+    launches: tuple[Launch, ...]
+    host_data: Mapping[str, np.ndarray] = field(default_factory=dict)
+    output_shapes: Mapping[str, tuple] = field(default_factory=dict)
+    """Shape of each output buffer as the op's result (y, or a gradient per input)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """Output buffer -> the input buffer whose memory it is (reshape): the backend allocates and
+    writes nothing for it and hands back the input's memory under the output's shape."""
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+def flat_buffers(values: Mapping[str, Any], prefix: str = "") -> dict:
+    """Per-input values under their plan buffer names: x becomes prefix + "x", a variadic input
+    xs becomes prefix + "xs[0]", prefix + "xs[1]", ... ("d" names the gradients)."""
+    flat = {}
+    for name, value in values.items():
+        if isinstance(value, (tuple, list)):
+            flat.update({f"{prefix}{name}[{i}]": v for i, v in enumerate(value)})
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """A grid-stride launch over n elements: at most `max_blocks` blocks (enough to fill an H200's
+    132 SMs many times over), at least one block so that empty tensors still launch legally."""
+    blocks = max(1, min(max_blocks, -(-n // block)))
+    return (blocks, 1, 1), (block, 1, 1)
+
+
+# -- the C types of declared parameters ---------------------------------------------------
+
+_PARAM = re.compile(
+    r"^(?P<const>const )?(?P<type>"
+    + "|".join(sorted(map(re.escape, C_TYPES), key=len, reverse=True))
+    + r")(?P<ptr>\*)?(?: __restrict__)? (?P<name>\w+)$"
+)
+
+
+@dataclass(frozen=True)
+class CParam:
+    ctype: str
+    pointer: bool
+    const: bool
+    name: str
+
+
+def parse_param(text: str) -> CParam:
+    m = _PARAM.match(text)
+    if not m:
+        raise ValueError(f"unsupported C parameter {text!r}")
+    return CParam(m["type"], bool(m["ptr"]), bool(m["const"]), m["name"])
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch: str = "sm_90") -> list[str]:
+    """Every way `plan` breaks the launch rules: unknown symbols, grid/block/shared-memory limits,
+    arguments against the declared parameters, buffer roles and dtypes. Empty when legal."""
+    problems = []
+    names = [b.name for b in plan.buffers]
+    if len(set(names)) != len(names):
+        problems.append(f"duplicate buffer names in {names}")
+    buffers = {b.name: b for b in plan.buffers}
+    for b in plan.buffers:
+        if b.elements < 0:
+            problems.append(f"buffer {b.name} has a negative size {b.elements}")
+        if b.role == "meta" and (b.name not in plan.host_data or plan.host_data[b.name].size != b.elements):
+            problems.append(f"meta buffer {b.name} has no host data of {b.elements} elements")
+    for i, launch in enumerate(plan.launches):
+        where = f"launch {i} ({launch.symbol})"
+        ref = symbols.get(launch.symbol)
+        if ref is None:
+            problems.append(f"{where}: symbol is not declared by the capsule")
+            continue
+        threads = int(np.prod(launch.block))
+        if threads > MAX_THREADS_PER_BLOCK or threads < 1:
+            problems.append(f"{where}: block {launch.block} has {threads} threads (limit {MAX_THREADS_PER_BLOCK})")
+        for axis, (b, lim) in enumerate(zip(launch.block, BLOCK_LIMITS)):
+            if not 1 <= b <= lim:
+                problems.append(f"{where}: block dimension {axis} = {b} outside [1, {lim}]")
+        for axis, (g, lim) in enumerate(zip(launch.grid, GRID_LIMITS)):
+            if not 1 <= g <= lim:
+                problems.append(f"{where}: grid dimension {axis} = {g} outside [1, {lim}]")
+        if not 0 <= launch.shared_bytes <= DYNAMIC_SHARED_LIMIT[arch]:
+            problems.append(
+                f"{where}: {launch.shared_bytes} bytes of dynamic shared memory (limit {DYNAMIC_SHARED_LIMIT[arch]} on {arch})"
+            )
+        params = [parse_param(p) for p in ref.params]
+        if len(launch.args) != len(params):
+            problems.append(f"{where}: {len(launch.args)} arguments for {len(params)} declared parameters")
+            continue
+        for param, arg in zip(params, launch.args):
+            problems += _argument_problems(where, param, arg, buffers)
+    for out, src in plan.aliases.items():
+        if buffers.get(out) is None or buffers[out].role != "output":
+            problems.append(f"alias {out} is not an output buffer of the plan")
+        elif buffers.get(src) is None or buffers[src].role != "input":
+            problems.append(f"alias {out} -> {src}: {src} is not an input buffer of the plan")
+        elif buffers[src].elements != buffers[out].elements or buffers[src].dtype != buffers[out].dtype:
+            problems.append(f"alias {out} -> {src}: sizes or dtypes differ")
+        if any(out in launch.args for launch in plan.launches):
+            problems.append(f"alias {out} is written by a launch")
+    for name, shape in plan.output_shapes.items():
+        b = buffers.get(name)
+        if b is None or b.role != "output":
+            problems.append(f"output {name} is not an output buffer of the plan")
+        elif int(np.prod(shape, dtype=np.int64)) != b.elements:
+            problems.append(f"output {name}: {b.elements} elements for shape {tuple(shape)}")
+    return problems
+
+
+def _argument_problems(where: str, param: CParam, arg, buffers: Mapping[str, Buffer]) -> list[str]:
+    if param.pointer:
+        if not isinstance(arg, str) or arg not in buffers:
+            return [f"{where}: {param.name} needs a buffer, got {arg!r}"]
+        b = buffers[arg]
+        if C_TYPES[param.ctype].buffer != b.dtype:
+            return [f"{where}: {param.name} is {param.ctype}* but buffer {arg} holds {b.dtype}"]
+        if not param.const and b.role in ("input", "meta"):
+            return [f"{where}: {param.name} is writable but buffer {arg} is a read-only {b.role}"]
+        return []
+    if isinstance(arg, (bool, np.bool_)) or not isinstance(arg, (int, float, np.integer, np.floating)):
+        return [f"{where}: {param.name} needs a number of type {param.ctype}, got {arg!r}"]
+    ctype = C_TYPES[param.ctype]
+    if ctype.is_float:
+        if not np.isfinite(ctype.numpy(arg)) and np.isfinite(arg):
+            return [f"{where}: {param.name} = {arg!r} overflows {param.ctype}"]
+        return []
+    lo, hi = ctype.range
+    if not isinstance(arg, (int, np.integer)) or not lo <= int(arg) <= hi:
+        return [f"{where}: {param.name} = {arg!r} does not fit {param.ctype}"]
+    return []
+
+
+# -- the plans of every op ----------------------------------------------------------------
+
+PlanFunction = Callable[[Mapping[str, Any], Mapping[str, Any]], LaunchPlan]
+
+
+@lru_cache(maxsize=None)
+def _family_plans(family: str) -> Mapping[str, tuple[PlanFunction, PlanFunction | None]]:
+    try:
+        module = importlib.import_module(f"{__package__}.plans.{family}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.plans.{family}":
+            raise
+        return {}
+    return module.PLANS
+
+
+def plan_functions(capsule: KernelCapsule) -> tuple[PlanFunction, PlanFunction | None] | None:
+    """(forward plan, backward plan) of a capsule's op, or None when its kernels are not written yet."""
+    return _family_plans(capsule.family).get(capsule.op.value)

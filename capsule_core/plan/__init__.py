@@ -1,0 +1,1 @@
+"""`capsules plan`: a launch plan explained (grid, occupancy, bytes and flops, the limiter)."""
