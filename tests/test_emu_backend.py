@@ -86,6 +86,9 @@ def test_builds_are_cached_by_content(tmp_path, monkeypatch):
     other = emu.build_family("random", flags=emu.HOST_FLAGS + ("-DCAPSULE_TEST_FLAG=1",))
     assert not other.cached and other.path != first.path
     assert [p.name for p in (tmp_path / "emu").iterdir() if p.name.startswith(".build-")] == []
+    first.path.write_bytes(first.path.read_bytes()[:4096])  # a torn library: the one build cache rebuilds it
+    rebuilt = emu.build_family("random")
+    assert not rebuilt.cached and rebuilt.path == first.path and rebuilt.path.stat().st_size > 4096
 
 
 def test_every_family_builds_with_the_device_code_path():

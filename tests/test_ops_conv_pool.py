@@ -168,7 +168,7 @@ def test_max_pool_matches_a_loop_with_nan_and_padding():
 
 def test_max_pool_gradient_goes_to_the_first_maximum_of_each_window():
     """Ties everywhere (values 0 and 1): one cell per window gets g, the first in window order."""
-    assert get_spec("max_pool").extra["selection"] == "first maximum in window order"
+    assert get_spec("max_pool").selection == "first maximum in window order"
     x = np.round(np.random.default_rng(6).random((2, 3, 6, 8))).astype(np.float32)
     params = {"kernel": 2, "stride": 2, "padding": 0}
     g = np.arange(1.0, 1.0 + 2 * 3 * 3 * 4).reshape(2, 3, 3, 4)

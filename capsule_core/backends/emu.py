@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -205,25 +204,19 @@ def build_family(
     refs=None,
 ) -> EmuBuild:
     """cuda/<family>.cu built for the CPU with its dispatch table (plus `extra_source`, e.g. a
-    runner's main), from the content-hash cache when an intact build is there. `family_dir` and
+    runner's main), from the build cache (kernels.nvcc.cached_build: atomic, checksummed, a damaged
+    entry rebuilt) when an intact build is there. `family_dir` and
     `refs`: another folder's <family>.cu and its entry points (kernels that are not the registry's,
     e.g. planted defects in tests), built against this package's emulator and headers."""
-    from capsule_core.kernels.nvcc import cache_dir, cuda_source_dir
+    from capsule_core.kernels.nvcc import cached_build, cuda_source_dir
 
     compiler = find_host_compiler()
     family_dir = Path(family_dir) if family_dir else cuda_source_dir()
     driver = dispatch_source(family, refs if refs is not None else family_refs(family)) + extra_source
     key = build_key(family, driver, compiler, flags, family_dir)
-    entry = cache_dir() / "emu" / f"{family}-{key}"
-    target = entry / output
-    if target.is_file():
-        return EmuBuild(family, target, True)
-    entry.parent.mkdir(parents=True, exist_ok=True)
     source_dir = cuda_source_dir()
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as work:
-        work = Path(work)
-        out = work / "entry"
-        out.mkdir()
+
+    def build(out: Path, work: Path):
         (out / "dispatch.cpp").write_text(driver)
         cmd = [
             str(compiler.path),
@@ -245,13 +238,9 @@ def build_family(
                 f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
                 f"{result.stderr.strip()[:4000]}\ncommand: {' '.join(cmd)}"
             )
-        try:
-            out.rename(entry)
-        except OSError:
-            pass  # another process renamed its identical build into place first
-    if not target.is_file():
-        raise EnvironmentMissing(f"the emulator build cache at {entry} cannot be written; set CAPSULES_CACHE")
-    return EmuBuild(family, target, False)
+
+    entry, cached = cached_build("emu", f"{family}-{key}", (output,), build)
+    return EmuBuild(family, entry / output, cached)
 
 
 @lru_cache(maxsize=None)

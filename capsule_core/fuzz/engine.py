@@ -23,7 +23,6 @@ not compared, by the same rule as verify's (numerics.out_of_model).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -46,7 +45,7 @@ from capsule_core.errors import CapsuleError, InputError
 from capsule_core.model import KernelCapsule
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import OpSpec, Sample, numel, seeded_rng, shapes_of, validate
-from capsule_core.verify.engine import Status, _Run, interrupted_exit_code
+from capsule_core.verify.engine import Session, Status, interrupted_exit_code
 from capsule_core.verify.numerics import FLT_MAX
 
 MAX_ELEMENTS = 1 << 16
@@ -562,7 +561,7 @@ def _window_ties(spec: OpSpec, case) -> bool:
     """A selection op (its spec declares `windows`) whose input has a window with tied maxima:
     the winner is implementation-defined, so instead of the VJP comparison verify's
     selection.ties check runs on the case (each window's gradient to exactly one maximal cell)."""
-    windows = spec.extra.get("windows")
+    windows = spec.windows
     if windows is None or "x" not in case.arrays or not case.arrays["x"].size:
         return False
     cells = windows(case.arrays["x"].shape, case.params)
@@ -625,7 +624,7 @@ def run_example(capsule: KernelCapsule, spec: OpSpec, backend, example: Example,
         )
     if too_large:
         return Outcome(True, too_large=True)
-    run = _Run(capsule, spec, backend, True, seed, None)
+    run = Session(capsule, spec, backend, True, seed, None)
     try:
         case = run.prepare(sample)
     except Exception as exc:
@@ -644,11 +643,7 @@ def run_example(capsule: KernelCapsule, spec: OpSpec, backend, example: Example,
         )
     ]
     if spec.has_vjp and not case.error and _window_ties(spec, case):
-        ties = _Run(
-            capsule, dataclasses.replace(spec, extra={**spec.extra, "tie_cases": (CASE,)}), backend, True, seed, None
-        )
-        ties.cases = [case]
-        results.append(ties.check_selection_ties())
+        results.append(run.check_selection_ties(tie_cases=(CASE,)))
     elif spec.has_vjp and not case.error:
         results.append(run.compare_cases("vjp", [case], run.vjp_pairs))
     try:

@@ -13,7 +13,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from capsule_core.errors import CapsuleError, EnvironmentMissing
 
@@ -301,17 +301,8 @@ def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledF
     so concurrent builds never read half a file; a damaged entry is detected and rebuilt."""
     nvcc = nvcc or find_nvcc()
     source = Path(source).resolve()
-    entry = cache_dir() / "kernels" / f"{source.stem}-{arch}-{cache_key(source, arch, nvcc)}"
-    cached = _read_entry(entry)
-    if cached is not None:
-        return CompiledFile(source, arch, *cached, cached=True)
-    if entry.exists():
-        shutil.rmtree(entry, ignore_errors=True)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as work:
-        work = Path(work)
-        out = work / "entry"
-        out.mkdir()
+
+    def build(out: Path, work: Path):
         cmd = [
             str(nvcc.path),
             *COMPILE_FLAGS,
@@ -331,38 +322,62 @@ def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledF
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise CompileError(source, cmd, result.stdout + result.stderr)
-        ptx = next(work.glob("*.ptx")).read_text()
-        (out / "kernel.ptx").write_text(ptx)
+        (out / "kernel.ptx").write_text(next(work.glob("*.ptx")).read_text())
         (out / "ptxas.log").write_text(result.stdout + result.stderr)
-        _write_manifest(out)
-        try:
-            out.rename(entry)
-        except OSError:
-            pass  # another process renamed its identical build into place first
-    cached = _read_entry(entry)
-    if cached is None:
-        raise EnvironmentMissing(f"the kernel cache at {entry} cannot be written or read back; set CAPSULES_CACHE")
-    return CompiledFile(source, arch, *cached, cached=False)
+
+    name = f"{source.stem}-{arch}-{cache_key(source, arch, nvcc)}"
+    entry, cached = cached_build("kernels", name, _ENTRY_FILES, build)
+    data = entry_files(entry, _ENTRY_FILES)
+    if data is None:
+        raise EnvironmentMissing(f"the kernel cache at {entry} changed while it was read; set CAPSULES_CACHE")
+    return CompiledFile(
+        source, arch, data["kernel.cubin"], data["kernel.ptx"].decode(), data["ptxas.log"].decode(), cached=cached
+    )
 
 
 _ENTRY_FILES = ("kernel.cubin", "kernel.ptx", "ptxas.log")
 
 
-def _write_manifest(folder: Path):
-    sums = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in _ENTRY_FILES}
-    (folder / "manifest.json").write_text(json.dumps(sums))
+def cached_build(
+    kind: str, name: str, files: tuple[str, ...], build: Callable[[Path, Path], None]
+) -> tuple[Path, bool]:
+    """The one build cache, of nvcc's cubins and of the emulator's host builds: the entry
+    <cache>/<kind>/<name> holding `files`, with a manifest of their checksums. (entry, True) when
+    an intact entry is there; else build(out, work) makes the files in a private folder, they are
+    checksummed and renamed into place (so a concurrent reader never sees half an entry, and a
+    concurrent identical build simply loses the rename), and (entry, False). A damaged entry (a
+    file missing, truncated or changed) is rebuilt."""
+    entry = cache_dir() / kind / name
+    if entry_files(entry, files) is not None:
+        return entry, True
+    if entry.exists():
+        shutil.rmtree(entry, ignore_errors=True)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as work:
+        out = Path(work) / "entry"
+        out.mkdir()
+        build(out, Path(work))
+        sums = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in files}
+        (out / "manifest.json").write_text(json.dumps(sums))
+        try:
+            out.rename(entry)
+        except OSError:
+            pass  # another process renamed its identical build into place first
+    if entry_files(entry, files) is None:
+        raise EnvironmentMissing(f"the build cache at {entry} cannot be written or read back; set CAPSULES_CACHE")
+    return entry, False
 
 
-def _read_entry(folder: Path):
-    """(cubin, ptx, log) of an intact cache entry, or None (absent, truncated or corrupted)."""
+def entry_files(entry: Path, files: tuple[str, ...]) -> dict[str, bytes] | None:
+    """{file: contents} of an intact cache entry, or None (absent, truncated or corrupted)."""
     try:
-        sums = json.loads((folder / "manifest.json").read_text())
-        data = {name: (folder / name).read_bytes() for name in _ENTRY_FILES}
+        sums = json.loads((entry / "manifest.json").read_text())
+        data = {name: (entry / name).read_bytes() for name in files}
     except (OSError, ValueError):
         return None
-    if any(hashlib.sha256(data[name]).hexdigest() != sums.get(name) for name in _ENTRY_FILES):
+    if any(hashlib.sha256(data[name]).hexdigest() != sums.get(name) for name in files):
         return None
-    return data["kernel.cubin"], data["kernel.ptx"].decode(), data["ptxas.log"].decode()
+    return data
 
 
 def compile_all(

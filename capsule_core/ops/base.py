@@ -9,7 +9,7 @@ Engines (verify, fuzz, bench) only ever read OpSpecs; they hold no op-specific c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -184,7 +184,7 @@ class OpSpec:
     edges() -> [Sample]; errors() -> [ErrorCase].
     order_inputs() -> [Sample]: reduction.order's inputs, sums whose float32 value depends on the
     summation order (`order_terms` along the op's accumulation axis); None where none can be
-    built (extra["no_order_inputs"] says why).
+    built (`no_order_inputs` says why).
     left_fold(inputs, params) -> y: the float32 left fold a fixed-left capsule must equal bitwise.
     """
 
@@ -208,7 +208,14 @@ class OpSpec:
     order_inputs: Callable[[], list[Sample]] | None = None
     left_fold: Callable[[Arrays, Params], Any] | None = None
     doc: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    no_order_inputs: str = ""
+    """Why reduction.order has no inputs for this op (when order_inputs is None)."""
+    selection: str = ""
+    """A selection op's rule for its winner ("first maximum in window order"): what selection.ties holds it to."""
+    windows: Callable[[Arrays, Params], Any] | None = None
+    """A selection op's windows: for each output element, the input cells it chooses among."""
+    tie_cases: tuple[str, ...] = ()
+    """The case ids whose windows hold ties: where selection.ties looks."""
 
     @property
     def differentiable(self) -> tuple[str, ...]:

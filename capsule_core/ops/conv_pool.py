@@ -860,7 +860,7 @@ def _pool_spec(
     errors,
     doc: str,
     order_inputs=None,
-    extra=None,
+    **selection,
 ) -> OpSpec:
     return OpSpec(
         name=name,
@@ -881,7 +881,7 @@ def _pool_spec(
         errors=errors,
         order_inputs=order_inputs,
         doc=doc,
-        extra=extra or {},
+        **selection,
     )
 
 
@@ -903,13 +903,11 @@ MAX_POOL = _pool_spec(
     samples=_pool_samples(),
     edges=_max_pool_edges,
     errors=_pool_errors("max_pool", {}),
-    extra={
-        "selection": MAX_SELECTION,
-        "windows": max_pool_windows,
-        "tie_cases": ("edge-ties-constant", "edge-ties-overlapping", "edge-infinities"),
-        "no_order_inputs": "a selection sums nothing: the window traversal decides only the tie winner "
-        "(selection.ties), and the gradient's few overlapping-window sums add drawn cotangents",
-    },
+    selection=MAX_SELECTION,
+    windows=max_pool_windows,
+    tie_cases=("edge-ties-constant", "edge-ties-overlapping", "edge-infinities"),
+    no_order_inputs="a selection sums nothing: the window traversal decides only the tie winner "
+    "(selection.ties), and the gradient's few overlapping-window sums add drawn cotangents",
     doc="max_pool(x, kernel, stride=kernel, padding=0): max over each window's real cells (padding "
     "never wins, NaN never wins, an all-NaN window gives NaN); the gradient goes to the first "
     "maximum in window order.",

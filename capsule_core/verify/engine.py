@@ -104,7 +104,7 @@ def interrupted_exit_code(signal_name: str) -> int:
 
 
 @dataclass
-class _Case:
+class Case:
     """One sample, its reference results, and what the backend did with it."""
 
     sample: Sample
@@ -112,12 +112,14 @@ class _Case:
     arrays: dict
     params: dict
     out_shape: tuple
-    r: np.ndarray
-    m: np.ndarray
-    n: int
-    g: np.ndarray | None = None
-    r_grads: dict | None = None
-    m_grads: dict | None = None
+    reference: np.ndarray
+    magnitude: np.ndarray
+    """M of the error model, beside the reference."""
+    length: int
+    """n of the error model: the accumulation length."""
+    cotangent: np.ndarray | None = None
+    reference_grads: dict | None = None
+    magnitude_grads: dict | None = None
     y: np.ndarray | None = None
     grads: dict | None = None
     outputs: list = field(default_factory=list)
@@ -150,7 +152,7 @@ def _same_bits(a, b) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def _crash_status(case: _Case) -> Status:
+def _crash_status(case: Case) -> Status:
     """FAILED when the kernel itself faulted (a contract violation: on a GPU the launch fails),
     ERROR when the backend could not run the case."""
     return Status.FAILED if case.fault else Status.ERROR
@@ -159,9 +161,9 @@ def _crash_status(case: _Case) -> Status:
 LEFT_FOLD = Exact("a fixed-left reduction is bitwise the float32 left fold")
 
 
-def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
+def _float32_runs(spec: OpSpec, case: Case) -> tuple[Float32Run, dict | None]:
     """The op's own code in float32 on the case's inputs, forward and VJP (the gradients keyed
-    like case.r_grads): what numerics.out_of_model judges each element by."""
+    like case.reference_grads): what numerics.out_of_model judges each element by."""
     from capsule_core.catalog.cpu_providers import REFERENCE
 
     params = working_params(case.params, np.float32)
@@ -180,7 +182,7 @@ def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
         except Exception:
             return None, False
 
-    finite_m, finite_m_grads = case.m, case.m_grads
+    finite_m, finite_m_grads = case.magnitude, case.magnitude_grads
     if not all(a.dtype.kind != "f" or np.isfinite(a).all() for a in _flat(case.arrays)):
 
         def zeroed(a):
@@ -192,19 +194,21 @@ def _float32_runs(spec: OpSpec, case: _Case) -> tuple[Float32Run, dict | None]:
         try:
             finite_m = REFERENCE.magnitude(spec, arrays, **case.sample.params)
             if spec.has_vjp:
-                finite_m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.g, **case.sample.params)
+                finite_m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.cotangent, **case.sample.params)
         except Exception:
-            finite_m, finite_m_grads = case.m, case.m_grads
+            finite_m, finite_m_grads = case.magnitude, case.magnitude_grads
     forward, overflowed = evaluate(lambda: spec.forward(case.arrays, params))
     run = Float32Run(forward, overflowed, finite_m)
     if not spec.has_vjp:
         return run, None
-    grads, overflowed = evaluate(lambda: spec.vjp(case.arrays, params, spec.forward(case.arrays, params), case.g))
+    grads, overflowed = evaluate(
+        lambda: spec.vjp(case.arrays, params, spec.forward(case.arrays, params), case.cotangent)
+    )
     runs = {}
     for name in spec.differentiable:
         values = grads.get(name) if isinstance(grads, dict) else None
-        if isinstance(case.r_grads[name], tuple):
-            values = values if isinstance(values, tuple) else (None,) * len(case.r_grads[name])
+        if isinstance(case.reference_grads[name], tuple):
+            values = values if isinstance(values, tuple) else (None,) * len(case.reference_grads[name])
             runs[name] = tuple(Float32Run(v, overflowed, m) for v, m in zip(values, finite_m_grads[name]))
         else:
             runs[name] = Float32Run(values, overflowed, finite_m_grads[name])
@@ -235,13 +239,15 @@ def unknown_case(specs, case: str, quick: bool, seed: int) -> str | None:
     return f"no case {case!r} among {mode} cases of {', '.join(spec.name for spec in specs)} (cases: {listed})"
 
 
-class _Run:
-    """Verification of one capsule on one backend."""
+class Session:
+    """Verification of one capsule on one backend: its cases (samples with their reference
+    results, run on the backend by `prepare` and `execute`) and one method per check. verify_capsule
+    drives it over the op's samples; fuzz drives it over one drawn example at a time."""
 
     def __init__(self, capsule: KernelCapsule, spec: OpSpec, backend, quick: bool, seed: int, case_filter: str | None):
         self.capsule, self.spec, self.backend = capsule, spec, backend
         self.quick, self.seed, self.case_filter = quick, seed, case_filter
-        self.cases: list[_Case] = []
+        self.cases: list[Case] = []
         self.hung = ""
         """Set when a launch ran past its timeout: the capsule's later cases fail unlaunched."""
 
@@ -257,7 +263,7 @@ class _Run:
             out = [s for s in out if s.case == self.case_filter]
         return out
 
-    def prepare(self, sample: Sample) -> _Case:
+    def prepare(self, sample: Sample) -> Case:
         from capsule_core.catalog.cpu_providers import REFERENCE
 
         spec = self.spec
@@ -265,15 +271,17 @@ class _Run:
         r = REFERENCE.forward(spec, arrays, **sample.params)
         m = REFERENCE.magnitude(spec, arrays, **sample.params)
         n = spec.error.length(shapes_of(arrays), params) if isinstance(spec.error, Accumulation) else 1
-        case = _Case(sample, _has_special(sample), arrays, params, out_shape, r, m, n)
+        case = Case(sample, _has_special(sample), arrays, params, out_shape, r, m, n)
         if spec.has_vjp:
-            case.g = seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
-            case.r_grads = REFERENCE.vjp(spec, arrays, case.g, **sample.params)
-            case.m_grads = REFERENCE.vjp_magnitude(spec, arrays, case.g, **sample.params)
+            case.cotangent = (
+                seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
+            )
+            case.reference_grads = REFERENCE.vjp(spec, arrays, case.cotangent, **sample.params)
+            case.magnitude_grads = REFERENCE.vjp_magnitude(spec, arrays, case.cotangent, **sample.params)
         case.f32, case.f32_grads = _float32_runs(spec, case)
         return case
 
-    def execute(self, case: _Case):
+    def execute(self, case: Case):
         """Forward and backward on the backend, with fresh guarded outputs and input copies."""
         activity.working_on(case=f"{case.sample.case} (forward)")
         direction = "forward"
@@ -294,7 +302,7 @@ class _Run:
                 direction = "backward"
                 grads = gradient_outputs(self.spec, case.arrays)
                 given = _copy_inputs(case.arrays)
-                g = case.g.copy()
+                g = case.cotangent.copy()
                 run = self.backend.backward(self.spec, given, dict(case.sample.params), g, grads)
                 case.grads = {
                     k: (tuple(x.view.copy() for x in v) if isinstance(v, tuple) else v.view.copy())
@@ -304,7 +312,7 @@ class _Run:
                     case.outputs += [(f"d{k}", x) for x in (v if isinstance(v, tuple) else (v,))]
                 case.overruns += [(f"backward {name}", n) for name, n in run.overruns.items()]
                 intact = all(_same_bits(run.inputs_after[k], originals[k]) for k in originals)
-                intact = intact and _same_bits(run.inputs_after.get("g", g), case.g)
+                intact = intact and _same_bits(run.inputs_after.get("g", g), case.cotangent)
                 case.intact.append(("backward", intact))
         except Exception as exc:  # a backend crash is a result (ERROR), never a lost report
             case.error = f"{direction} {case.sample.summary()}: {type(exc).__name__}: {exc}"
@@ -383,10 +391,10 @@ class _Run:
                 (
                     "y",
                     case.y,
-                    case.r,
-                    case.m,
+                    case.reference,
+                    case.magnitude,
                     self.spec.error,
-                    case.n,
+                    case.length,
                     case.sample.worst_case or worst_case_bound,
                     case.f32,
                 )
@@ -400,7 +408,12 @@ class _Run:
         for name in self.spec.differentiable:
             model = self.spec.vjp_error_for(name)
             n = model.length(shapes, case.params) if isinstance(model, Accumulation) else 1
-            ys, rs, ms, runs = case.grads[name], case.r_grads[name], case.m_grads[name], case.f32_grads[name]
+            ys, rs, ms, runs = (
+                case.grads[name],
+                case.reference_grads[name],
+                case.magnitude_grads[name],
+                case.f32_grads[name],
+            )
             quads = zip(ys, rs, ms, runs) if isinstance(rs, tuple) else [(ys, rs, ms, runs)]
             out += [(f"d{name}", y, r, m, model, n, case.sample.worst_case, run) for y, r, m, run in quads]
         return out
@@ -425,7 +438,7 @@ class _Run:
     def check_vjp(self) -> Result:
         if not self.spec.has_vjp:
             return Result("vjp", Status.SKIPPED, "VJP mode none: the op has no reverse derivative")
-        ties = set(self.spec.extra.get("tie_cases", ()))
+        ties = set(self.spec.tie_cases)
         cases = [c for c in self.cases if c.sample.case not in ties]
         return self.compare_cases("vjp", cases, self.vjp_pairs)
 
@@ -473,9 +486,7 @@ class _Run:
         if policy is ReductionPolicy.NOT_APPLICABLE:
             return Result(check, Status.SKIPPED, "no reduction (policy n/a)")
         if self.spec.order_inputs is None:
-            return Result(
-                check, Status.SKIPPED, self.spec.extra.get("no_order_inputs", "the op defines no order inputs")
-            )
+            return Result(check, Status.SKIPPED, self.spec.no_order_inputs or "the op defines no order inputs")
         fixed_left = policy is ReductionPolicy.FIXED_LEFT
         if fixed_left and self.spec.left_fold is None:
             return Result(check, Status.SKIPPED, f"declared fixed-left, but {self.spec.name} has no float32 left fold")
@@ -710,11 +721,13 @@ class _Run:
             repro=self.repro("rng"),
         )
 
-    def check_selection_ties(self) -> Result:
-        windows = self.spec.extra.get("windows")
+    def check_selection_ties(self, tie_cases: tuple[str, ...] | None = None) -> Result:
+        """Under ties each window's gradient goes to exactly one tied cell, on the cases of
+        `tie_cases` (default: the op's own tie cases; fuzz passes the case it drew)."""
+        windows = self.spec.windows
         if windows is None:
             return Result("selection.ties", Status.SKIPPED, "no selection: the op has no tie winner")
-        ties = set(self.spec.extra.get("tie_cases", ()))
+        ties = set(self.spec.tie_cases if tie_cases is None else tie_cases)
         checked = 0
         for case in [c for c in self.cases if c.sample.case in ties]:
             x = case.arrays["x"].reshape(-1)
@@ -882,7 +895,7 @@ def verify_capsule(
     sanitize = tuple(dict.fromkeys((*sanitize, *asked)))
     wanted -= set(SANITIZER_CHECKS)
     spec = get_spec(capsule.op.value)
-    run = _Run(capsule, spec, backend, quick, seed, case)
+    run = Session(capsule, spec, backend, quick, seed, case)
     static = wanted & {"contract.aligned", "ffi.symbols", "launch.plan"}
     compiled = bool(static - {"contract.aligned"})
     results = [r for r in static_results(capsule, quick, compiled) if r.check in wanted] if static else []
