@@ -334,3 +334,29 @@ def test_cli_sanitize_timeout_reaches_the_runs(monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert sanitize.run_limit() == 1800.0
+
+
+def test_the_process_compute_sanitizer_watches_runs_without_the_cli():
+    """drivers.sanitized_verify is what compute-sanitizer starts (the engine never launches the
+    CLI); without a GPU it says so and exits 3, an unknown op exits 2."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "capsule_core.drivers.sanitized_verify", "relu", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode in (0, 3), run.stderr
+    if run.returncode == 3:
+        assert "--backend cuda needs a GPU" in run.stderr
+    else:
+        assert "PASSED native_cuda.relu value" in run.stdout
+    unknown = subprocess.run(
+        [sys.executable, "-m", "capsule_core.drivers.sanitized_verify", "relux"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode == 2 and "relux" in unknown.stderr

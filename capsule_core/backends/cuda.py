@@ -17,7 +17,7 @@ import numpy as np
 
 from capsule_core.backends.device import DeviceBackend
 from capsule_core.errors import CapsuleError, EnvironmentMissing
-from capsule_core.kernels.c_types import BUFFER_DTYPES, C_TYPES, scalar_argument
+from capsule_core.kernels.c_types import C_TYPES
 
 
 @dataclass(frozen=True)
@@ -382,51 +382,29 @@ class _Timed:
 
 
 class TimedPlan(_Timed):
-    """A launch plan with its buffers allocated and uploaded once; each call runs all its launches."""
+    """A launch plan staged once by the backend (DeviceBackend.stage: the same allocation, upload
+    and argument typing as verify's run); each timed call makes all its launches through the
+    backend's own launch."""
 
     def __init__(self, timer: DeviceTimer, capsule, plan, host: dict):
         super().__init__(timer)
-        drv = timer.drv
-        backend = timer.backend
-        aliases = getattr(plan, "aliases", {})  # outputs that are an input's memory: nothing to allocate
-        sizes = {b.name: b.nbytes for b in plan.buffers if b.name not in aliases}
-        needed = sum(sizes.values())
+        self.backend = timer.backend
+        needed = sum(b.nbytes for b in plan.buffers if b.name not in plan.aliases)
         free = timer.free_bytes()
         if needed > 0.9 * free:
             raise MemoryError(f"needs {needed} bytes of GPU memory for its buffers, {free} free")
-        pointers = {}
         try:
-            for b in plan.buffers:
-                if b.name not in sizes:
-                    continue
-                a = self._alloc(sizes[b.name])
-                pointers[b.name] = int(a)
-                if b.role in ("input", "meta"):
-                    data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
-                    data = np.ascontiguousarray(data, dtype=BUFFER_DTYPES[b.dtype]).reshape(-1)
-                    if data.size:
-                        drv.memcpy_htod(a, data)
-            symbols = {r.symbol: r for r in capsule.symbols}
-            self.launches = []
-            for launch in plan.launches:
-                fn, params = backend.function(symbols[launch.symbol])
-                args = tuple(
-                    np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
-                    for p, a in zip(params, launch.args)
-                )
-                if launch.shared_bytes > 48 * 1024:
-                    fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.shared_bytes)
-                self.launches.append((fn, launch.grid, launch.block, args, launch.shared_bytes))
-        except drv.MemoryError as exc:
-            self.close()
-            raise MemoryError(f"out of GPU memory for {plan.op}: {exc}") from exc
-        except (drv.LaunchError, drv.LogicError, drv.RuntimeError) as exc:
-            self.close()
-            raise LaunchFailed(f"{plan.op}: preparing the timed launches failed: {exc}") from exc
+            self.staged = self.backend.stage(capsule, plan, host)
+        except EnvironmentMissing as exc:  # the backend's out of GPU memory
+            raise MemoryError(f"{plan.op}: {exc}") from exc
 
     def _enqueue(self):
-        for fn, grid, block, args, shared in self.launches:
-            fn.prepared_call(grid, block, *args, shared_size=shared)
+        for ref, launch, args in self.staged.launches:
+            self.backend.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+
+    def close(self):
+        self.backend.release(self.staged)
+        super().close()
 
 
 class TimedCopy(_Timed):

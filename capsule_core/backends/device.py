@@ -11,7 +11,7 @@ order, outputs and aliases downloaded, the inputs read back for `inputs.intact` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,19 @@ class Executed:
 
     inputs_after: dict
     overruns: dict
+
+
+@dataclass
+class Staged:
+    """A launch plan on a device: its allocations, the device address of each buffer, the guard
+    bands to examine, and each launch with its typed arguments."""
+
+    plan: object
+    allocations: list = field(default_factory=list)
+    pointers: dict = field(default_factory=dict)
+    bands: list = field(default_factory=list)
+    launches: list = field(default_factory=list)
+    """(NativeSymbolRef, Launch, typed arguments) in plan order."""
 
 
 class DeviceBackend:
@@ -87,40 +100,51 @@ class DeviceBackend:
         return capsule, functions
 
     def execute(self, capsule, plan, host: dict, outputs: dict, misalign=None) -> Executed:
-        """Allocate every buffer of `plan`, upload `host` inputs and meta data, launch in order,
-        download the guarded outputs in place and read back the inputs and every other buffer's
-        guard bands. `misalign` starts buffers off alignment, as tensors that are views at an
-        offset are: the elements each buffer starts past a 256-byte boundary of its allocation,
-        {buffer name: elements} or a function of the Buffer (default 0)."""
-        symbols = {r.symbol: r for r in capsule.symbols}
-        allocations, pointers, bands = [], {}, []
+        """Stage `plan` (stage), launch in order (run), download the guarded outputs in place and
+        read back the inputs and every other buffer's guard bands (collect), free everything."""
+        staged = self.stage(capsule, plan, host, outputs, misalign)
+        try:
+            self.run(staged)
+            return self.collect(staged, host, outputs)
+        finally:
+            self.release(staged)
+
+    def stage(self, capsule, plan, host: dict, outputs: dict | None = None, misalign=None) -> Staged:
+        """Allocate every buffer of `plan`, upload `host` inputs and meta data (and the guarded
+        outputs' sentinels), and type every launch's arguments from its declared C parameters:
+        what execute runs once and bench times many times. `outputs` None (bench): outputs are
+        left as the device gives them. `misalign` starts buffers off alignment, as tensors that are
+        views at an offset are: the elements each buffer starts past a 256-byte boundary of its
+        allocation, {buffer name: elements} or a function of the Buffer (default 0)."""
+        staged = Staged(plan)
         shift = misalign if callable(misalign) else (lambda b: (misalign or {}).get(b.name, 0))
 
         def alloc(nbytes, b, banded=True):
             lead = int(shift(b)) * b.itemsize
             band = GUARD_ELEMENTS * b.itemsize if banded and self.guard_bands else 0
             address = self.allocate(lead + int(nbytes) + 2 * band)
-            allocations.append(address)
+            staged.allocations.append(address)
             if band:
                 pattern = np.full(band // 4, GUARD, dtype=np.uint32)
                 self.upload(address + lead, pattern)
                 self.upload(address + lead + band + int(nbytes), pattern)
-                bands.append((b, address + lead, int(nbytes), pattern))
+                staged.bands.append((b, address + lead, int(nbytes), pattern))
             if banded:  # a guarded output names its view itself, not the guards around it
                 self.name_buffer(address + lead + band, int(nbytes), b.name)
             return address + lead + band
 
+        pointers = staged.pointers
         try:
             for b in plan.buffers:
                 if b.name in plan.aliases:
                     continue
-                if b.role == "output" and self.guard_bands:
+                if b.role == "output" and outputs is not None and self.guard_bands:
                     guarded = outputs[b.name]
                     address = alloc(guarded.full.nbytes, b, banded=False)
                     self.upload(address, guarded.full)
                     pointers[b.name] = address + 4 * GUARD_ELEMENTS
                     self.name_buffer(pointers[b.name], guarded.view.nbytes, b.name)
-                elif b.role == "output":
+                elif b.role == "output" and outputs is not None:
                     pointers[b.name] = alloc(outputs[b.name].view.nbytes, b)
                 elif b.role in ("input", "meta"):
                     data = plan.host_data[b.name] if b.role == "meta" else host[b.name]
@@ -131,43 +155,62 @@ class DeviceBackend:
                     pointers[b.name] = address
                 else:
                     pointers[b.name] = alloc(b.nbytes, b)
-            for index, launch in enumerate(plan.launches, 1):
+            symbols = {r.symbol: r for r in capsule.symbols}
+            for launch in plan.launches:
                 ref = symbols[launch.symbol]
-                params = [parse_param(p) for p in ref.params]
                 args = [
                     np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
-                    for p, a in zip(params, launch.args)
+                    for p, a in zip(map(parse_param, ref.params), launch.args)
                 ]
-                self.launch_count += 1
-                self.current_launch = (
-                    f"{index}/{len(plan.launches)} of the plan: {launch.symbol} grid "
-                    f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}"
-                )
-                activity.launch_started(self.current_launch)
-                self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
-                activity.launch_ended()
-            self.synchronize()
-            for b in plan.buffers:
-                if b.role == "output" and b.name not in plan.aliases:
-                    if self.guard_bands:
-                        self.download(outputs[b.name].full, pointers[b.name] - 4 * GUARD_ELEMENTS)
-                    elif outputs[b.name].size:
-                        self.download(outputs[b.name].view, pointers[b.name])
-            for out, src in plan.aliases.items():
-                view = outputs[out].view
-                if view.size:
-                    self.download(view, pointers[src])
-            after = {}
-            for b in plan.buffers:
-                if b.role == "input":
-                    data = np.empty(np.asarray(host[b.name]).shape, BUFFER_DTYPES[b.dtype])
-                    if data.size:
-                        self.download(data, pointers[b.name])
-                    after[b.name] = data
-            return Executed(after, _overruns(self, bands))
-        finally:
-            for address in allocations:
-                self.free(address)
+                staged.launches.append((ref, launch, args))
+        except BaseException:
+            self.release(staged)
+            raise
+        return staged
+
+    def run(self, staged: Staged) -> None:
+        """Every launch of a staged plan, in order, each recorded (current_launch, activity) so
+        that a fault or a dead worker names it."""
+        total = len(staged.launches)
+        for index, (ref, launch, args) in enumerate(staged.launches, 1):
+            self.launch_count += 1
+            self.current_launch = (
+                f"{index}/{total} of the plan: {launch.symbol} grid "
+                f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}"
+            )
+            activity.launch_started(self.current_launch)
+            self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+            activity.launch_ended()
+
+    def collect(self, staged: Staged, host: dict, outputs: dict) -> Executed:
+        """After run: the outputs downloaded into their guarded buffers, the inputs read back, the
+        guard bands of every other buffer examined."""
+        plan, pointers = staged.plan, staged.pointers
+        self.synchronize()
+        for b in plan.buffers:
+            if b.role == "output" and b.name not in plan.aliases:
+                if self.guard_bands:
+                    self.download(outputs[b.name].full, pointers[b.name] - 4 * GUARD_ELEMENTS)
+                elif outputs[b.name].size:
+                    self.download(outputs[b.name].view, pointers[b.name])
+        for out, src in plan.aliases.items():
+            view = outputs[out].view
+            if view.size:
+                self.download(view, pointers[src])
+        after = {}
+        for b in plan.buffers:
+            if b.role == "input":
+                data = np.empty(np.asarray(host[b.name]).shape, BUFFER_DTYPES[b.dtype])
+                if data.size:
+                    self.download(data, pointers[b.name])
+                after[b.name] = data
+        return Executed(after, _overruns(self, staged.bands))
+
+    def release(self, staged: Staged) -> None:
+        """Free a staged plan's allocations (once)."""
+        allocations, staged.allocations = staged.allocations, []
+        for address in allocations:
+            self.free(address)
 
     def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
         from capsule_core.ops.base import validate

@@ -430,8 +430,8 @@ class GpuSanitizerOutcome:
 
 
 def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | None) -> GpuSanitizerOutcome:
-    """On a GPU: NVIDIA's compute-sanitizer runs `capsules verify OP` (value and vjp, cuda backend)
-    in a child process under `--tool TOOL`; its first error becomes the finding. SKIPPED where it
+    """On a GPU: NVIDIA's compute-sanitizer runs the value and vjp checks of OP on the cuda backend
+    (drivers.sanitized_verify) in a child process under `--tool TOOL`; its first error becomes the finding. SKIPPED where it
     is not on PATH or refuses the device."""
     import sys
 
@@ -446,16 +446,8 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
         "66",
         sys.executable,
         "-m",
-        "cli",
-        "verify",
+        "capsule_core.drivers.sanitized_verify",
         op,
-        "--backend",
-        "cuda",
-        "--no-isolate",
-        "--check",
-        "value",
-        "--check",
-        "vjp",
         "--seed",
         str(seed),
         *(["--quick"] if quick else []),
