@@ -320,6 +320,11 @@ struct State {
     double timeout_seconds = 0;  // the watchdog of a launch (0: none), capsule_emu_set_launch_timeout
     volatile int timed_out = 0;
     unsigned long blocks_done = 0;
+    // The schedule of the next launch (capsule_emu_set_order; back to 0 after it): 0 blocks and
+    // threads in index order, 1 reversed, 2 shuffled by `order_seed`. A GPU promises no order; a
+    // result that depends on it (a float atomicAdd sum) changes bits between two schedules.
+    int order = 0;
+    uint64_t order_seed = 0;
 };
 
 inline State state;
@@ -760,6 +765,29 @@ CAPSULE_EMU_INTERNAL inline std::string timeout_report(const Fiber* interrupted)
     return s;
 }
 
+// 0..n-1 in the order state.order asks for: as they come, reversed, or shuffled by state.order_seed
+// (SplitMix64 over the seed, the block and `stream`: threads of each block get their own shuffle).
+CAPSULE_EMU_INTERNAL inline std::vector<unsigned> schedule(unsigned n, uint64_t stream) {
+    std::vector<unsigned> order(n);
+    for (unsigned i = 0; i < n; ++i) order[i] = i;
+    if (state.order == 1) {
+        std::reverse(order.begin(), order.end());
+    } else if (state.order == 2) {
+        const dim3 b = stream ? state.block_index : dim3{0, 0, 0};
+        uint64_t x = state.order_seed ^ (stream * 0x9E3779B97F4A7C15ull) ^ (uint64_t(b.x) << 1) ^ (uint64_t(b.y) << 22) ^
+                     (uint64_t(b.z) << 43);
+        for (unsigned i = n; i > 1; --i) {
+            x += 0x9E3779B97F4A7C15ull;
+            uint64_t z = x;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            z ^= z >> 31;
+            std::swap(order[i - 1], order[z % i]);
+        }
+    }
+    return order;
+}
+
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
 CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     state.fibers.assign(n, Fiber{});
@@ -825,10 +853,12 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     __tsan_release(&state.launch_begin);  // the block's set-up (its stacks) before its threads
 #endif
     bool ok = true;
+    const std::vector<unsigned> turn = schedule(n, 1);
     for (unsigned live = n; live > 0 && ok;) {
         state.progress = false;
         live = 0;
-        for (Fiber& f : state.fibers) {
+        for (unsigned t : turn) {
+            Fiber& f = state.fibers[t];
             if (f.done) continue;
             to_fiber(f);
             if (state.timed_out && state.error.empty()) {
@@ -895,13 +925,24 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
 #endif
     const unsigned n = block.x * block.y * block.z;
     bool ok = true;
-    for (unsigned bz = 0; bz < grid.z && ok; ++bz)
-        for (unsigned by = 0; by < grid.y && ok; ++by)
-            for (unsigned bx = 0; bx < grid.x && ok; ++bx) {
-                state.block_index = dim3{bx, by, bz};
-                ok = run_block(n);
-                state.blocks_done += ok;
-            }
+    const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+    if (state.order == 0 || blocks > (uint64_t(1) << 26)) {  // index order (a huge grid is not shuffled)
+        for (unsigned bz = 0; bz < grid.z && ok; ++bz)
+            for (unsigned by = 0; by < grid.y && ok; ++by)
+                for (unsigned bx = 0; bx < grid.x && ok; ++bx) {
+                    state.block_index = dim3{bx, by, bz};
+                    ok = run_block(n);
+                    state.blocks_done += ok;
+                }
+    } else {
+        for (unsigned b : schedule(static_cast<unsigned>(blocks), 0)) {
+            state.block_index = dim3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)};
+            ok = run_block(n);
+            state.blocks_done += ok;
+            if (!ok) break;
+        }
+    }
+    state.order = 0;  // the state is shared by every family library loaded: no schedule outlives its launch
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_end);
 #endif
@@ -1008,3 +1049,55 @@ __attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(caps
 }
 }
 #endif
+
+// -- atomics ------------------------------------------------------------------------------------
+// CUDA's atomic functions, each returning the old value, on the types CUDA has them for (another
+// type is a compile error, as under nvcc). The emulator switches threads only at barriers and
+// shuffles, so one read-modify-write is never interleaved; the __atomic builtins make each an
+// atomic to ThreadSanitizer as well, so racecheck sees synchronisation, not a race. A misaligned
+// address ends the launch, as it faults on a GPU.
+namespace capsule_emu {
+template <class T, class... Allowed>
+inline constexpr bool one_of = (std::is_same_v<T, Allowed> || ...);
+
+template <class T, class F>
+inline T atomic_update(T* address, const char* name, F f, Site site) {
+    if (reinterpret_cast<uintptr_t>(address) % sizeof(T) != 0)
+        abort_launch(where() + ": misaligned " + name + " at " + site_text(site));
+    T old;
+    __atomic_load(address, &old, __ATOMIC_RELAXED);
+    for (;;) {
+        T desired = f(old);
+        if (__atomic_compare_exchange(address, &old, &desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return old;
+    }
+}
+}  // namespace capsule_emu
+
+#define CAPSULE_EMU_ATOMIC(NAME, TYPES, OP)                                                                        \
+    template <class T>                                                                                             \
+    inline T NAME(T* address, std::type_identity_t<T> val, capsule_emu::Site site = capsule_emu::Site::current()) { \
+        static_assert(capsule_emu::one_of<T, TYPES>, #NAME " has no overload for this type in CUDA");             \
+        return capsule_emu::atomic_update(address, #NAME, [val](T old) -> T { return OP; }, site);               \
+    }
+
+#define CAPSULE_EMU_COMMA ,
+CAPSULE_EMU_ATOMIC(atomicAdd, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int CAPSULE_EMU_COMMA float CAPSULE_EMU_COMMA double, old + val)
+CAPSULE_EMU_ATOMIC(atomicSub, int CAPSULE_EMU_COMMA unsigned int, old - val)
+CAPSULE_EMU_ATOMIC(atomicExch, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int CAPSULE_EMU_COMMA float, ((void)old, val))
+CAPSULE_EMU_ATOMIC(atomicMin, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int CAPSULE_EMU_COMMA long long int, val < old ? val : old)
+CAPSULE_EMU_ATOMIC(atomicMax, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int CAPSULE_EMU_COMMA long long int, val > old ? val : old)
+CAPSULE_EMU_ATOMIC(atomicInc, unsigned int, old >= val ? 0u : old + 1u)
+CAPSULE_EMU_ATOMIC(atomicDec, unsigned int, (old == 0u || old > val) ? val : old - 1u)
+CAPSULE_EMU_ATOMIC(atomicAnd, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int, old & val)
+CAPSULE_EMU_ATOMIC(atomicOr, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int, old | val)
+CAPSULE_EMU_ATOMIC(atomicXor, int CAPSULE_EMU_COMMA unsigned int CAPSULE_EMU_COMMA unsigned long long int, old ^ val)
+#undef CAPSULE_EMU_ATOMIC
+#undef CAPSULE_EMU_COMMA
+
+template <class T>
+inline T atomicCAS(T* address, std::type_identity_t<T> compare, std::type_identity_t<T> val,
+                   capsule_emu::Site site = capsule_emu::Site::current()) {
+    static_assert(capsule_emu::one_of<T, int, unsigned int, unsigned long long int, unsigned short int>,
+                  "atomicCAS has no overload for this type in CUDA");
+    return capsule_emu::atomic_update(address, "atomicCAS", [&](T old) -> T { return old == compare ? val : old; }, site);
+}

@@ -11,6 +11,7 @@ order, outputs and aliases downloaded, the inputs read back for `inputs.intact` 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,6 +83,13 @@ class DeviceBackend:
 
     def synchronize(self):
         raise NotImplementedError
+
+    @contextmanager
+    def other_schedule(self):
+        """While the block runs, launches take another schedule of blocks and threads than
+        before, where the device lets one choose (the emulator); determinism's second execution
+        runs under it, so a result that depends on the schedule is caught. A GPU chooses its own."""
+        yield
 
     def name_buffer(self, address: int, nbytes: int, name: str):
         """Plan buffer `name` occupies [address, address + nbytes): for naming a faulting access

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -147,6 +148,9 @@ def dispatch_source(family: str, refs) -> str:
         "}",
         'extern "C" void capsule_emu_set_launch_timeout(double seconds) { capsule_emu::state.timeout_seconds = seconds; }',
         'extern "C" int capsule_emu_timed_out() { return capsule_emu::state.timed_out; }',
+        'extern "C" void capsule_emu_set_order(int order, uint64_t seed) {',
+        "    capsule_emu::state.order = order, capsule_emu::state.order_seed = seed;",
+        "}",
         "",
     ]
     return "\n".join(lines)
@@ -254,6 +258,8 @@ def load_family(family: str, family_dir: Path | None = None, refs: tuple | None 
     lib.capsule_emu_set_launch_timeout.restype = None
     lib.capsule_emu_set_launch_timeout.argtypes = [ctypes.c_double]
     lib.capsule_emu_timed_out.restype = ctypes.c_int
+    lib.capsule_emu_set_order.restype = None
+    lib.capsule_emu_set_order.argtypes = [ctypes.c_int, ctypes.c_uint64]
     return lib
 
 
@@ -308,6 +314,9 @@ def argument_words(args: list) -> np.ndarray:
     return words
 
 
+SCHEDULES = ("index", "reversed", "shuffled")
+"""The emulator's launch schedules (capsule_emu.h's state.order, in this order)."""
+
 LAUNCH_TIMEOUT_ENV = "CAPSULES_LAUNCH_TIMEOUT"
 DEFAULT_LAUNCH_TIMEOUT = 120.0
 """Seconds one emulated launch may run before the watchdog ends it: the slowest launch of a full
@@ -344,6 +353,9 @@ class EmuBackend(DeviceBackend):
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
         self.launch_timeout = launch_timeout_from_env() if launch_timeout is None else float(launch_timeout)
         self._memory = address_space()
+        self.order, self.order_seed = "index", 0
+        """The schedule of every launch: "index" (blocks, and each block's threads, in index
+        order), "reversed", or "shuffled" by order_seed. The kernels' results must not depend on it."""
 
     def allocate(self, nbytes: int) -> int:
         address = self._memory.allocate(max(int(nbytes), ALIGNMENT))
@@ -371,6 +383,7 @@ class EmuBackend(DeviceBackend):
         family = Path(ref.path).stem
         lib = load_family(family, self.family_dir, self.refs)
         lib.capsule_emu_set_launch_timeout(ctypes.c_double(self.launch_timeout))
+        lib.capsule_emu_set_order(SCHEDULES.index(self.order), self.order_seed)
         dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))
         words = argument_words(args)
         status = lib.capsule_emu_run(ref.symbol.encode(), dims, words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
@@ -378,6 +391,16 @@ class EmuBackend(DeviceBackend):
             raise KernelFault(f"{ref.symbol} is not in the emulator build of {ref.path}")
         if status != 1:
             raise KernelFault(self._fault_text(lib, family), hung=bool(lib.capsule_emu_timed_out()))
+
+    @contextmanager
+    def other_schedule(self):
+        """Launches in reversed order while the block runs (determinism's second execution): a
+        result that depends on the schedule, as a float atomicAdd sum does, changes its bits."""
+        saved, self.order = self.order, "reversed" if self.order != "reversed" else "index"
+        try:
+            yield
+        finally:
+            self.order = saved
 
     def _fault_text(self, lib, family: str) -> str:
         """The emulator's error, and for a memory fault where the address lies against the run's

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Iterator
@@ -510,7 +511,8 @@ class Session:
         for case in picks:
             first_y, first_grads = case.y, case.grads
             again = replace(case, y=None, grads=None, outputs=[], intact=[], error=None)
-            self.execute(again)
+            with getattr(self.backend, "other_schedule", nullcontext)():
+                self.execute(again)
             if again.error:
                 return Result(
                     "determinism",
@@ -525,7 +527,8 @@ class Session:
                 return Result(
                     "determinism",
                     Status.FAILED,
-                    f"two runs of {case.sample.case} differ in their bits",
+                    f"two runs of {case.sample.case} differ in their bits (on the emulator the second runs "
+                    "blocks and threads in reversed order)",
                     case=case.sample.case,
                     cases=len(picks),
                     repro=self.repro("determinism", case.sample.case),
