@@ -8,6 +8,8 @@
 //                               left as it is ("-": the NaN pattern, or undefined under valgrind)
 //   launch SYMBOL GX GY GZ BX BY BZ SHARED N ARG...   ARG: bID+OFFSET (a device pointer) or a
 //                               64-bit word in decimal (a scalar, as capsule_emu_run reads it)
+//   memset bID+OFFSET WORD N    N 32-bit words at the address set to WORD (a plan's Memset step)
+//   copy bID+OFFSET bID+OFFSET BYTES   BYTES from the second address to the first (a Copy step)
 //   dump ID FILE                write the buffer's bytes to FILE
 // stderr gets "capsule-emu: buffer ID ADDRESS BYTES" per allocation (to name buffers in reports)
 // and "capsule-emu: error: ..." when a launch fails; the exit code is then 3. A sanitizer's death
@@ -94,6 +96,20 @@ inline int run(const char* script_path) {
             const int status = capsule_emu_run(symbol.c_str(), d, words.data());
             if (status == -1) return fail(symbol + " is not in this build");
             if (status != 1) return fail(capsule_emu::state.error);
+        } else if (command == "memset" || command == "copy") {
+            auto address = [&](const std::string& arg) -> unsigned char* {
+                const size_t plus = arg.find('+');
+                return buffers.at(std::stol(arg.substr(1, plus - 1))).data + std::stoull(arg.substr(plus + 1));
+            };
+            std::string first, second;
+            size_t count;
+            in >> first >> second >> count;
+            if (command == "memset") {
+                const uint32_t word = static_cast<uint32_t>(std::stoull(second));
+                for (size_t i = 0; i < count; ++i) std::memcpy(address(first) + 4 * i, &word, 4);
+            } else {
+                std::memmove(address(first), address(second), count);
+            }
         } else if (command == "dump") {
             long id;
             std::string file;

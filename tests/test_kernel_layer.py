@@ -308,3 +308,92 @@ def test_the_emulator_passes_every_c_type_and_plan_buffers_of_uint32(tmp_path):
     capsule = type("Capsule", (), {"symbols": (EVERY_REF,)})()
     backend.execute(capsule, plan, {"x": np.array([2.5], np.float32)}, {"out": out})
     assert out.view.view(np.uint32).tolist() == [10, 7, (2 + 2**32 - 1 + 11) % 2**32, 5 ^ 9 ^ 13]
+
+
+STEPS = r"""
+#include <cstddef>
+// One image of a batch (a view of x and y): y = 2x, and the image's sum added atomically to total.
+extern "C" __global__ void capsule_steps_fwd(const float* __restrict__ x, float* __restrict__ y,
+                                             float* __restrict__ total, size_t n) {
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        y[i] = 2.0f * x[i];
+        atomicAdd(total, x[i]);
+    }
+}
+"""
+STEPS_REF = NativeSymbolRef(
+    "cuda/steps.cu",
+    "capsule_steps_fwd",
+    ("const float* __restrict__ x", "float* __restrict__ y", "float* __restrict__ total", "size_t n"),
+)
+
+
+def _steps_plan(images: int = 3, width: int = 8, steps=None) -> LaunchPlan:
+    """A memset, one launch per image through buffer views, and a copy out of the workspace."""
+    from capsule_core.kernels.launch import Copy, Memset, View
+
+    n = images * width
+    launches = tuple(
+        Launch("capsule_steps_fwd", (1, 1, 1), (32, 1, 1), (View("x", i * width), View("y", i * width), "total", width))
+        for i in range(images)
+    )
+    return LaunchPlan(
+        "steps",
+        "fwd",
+        (
+            Buffer("x", "input", "float32", n),
+            Buffer("y", "output", "float32", n),
+            Buffer("total", "workspace", "float32", 1),
+            Buffer("sum", "output", "float32", 1),
+        ),
+        steps or (Memset("total", 0.0), *launches, Copy("total", "sum", 1)),
+        output_shapes={"y": (n,), "sum": (1,)},
+    )
+
+
+def test_plan_steps_memset_copy_and_buffer_views_run_on_the_emulator(tmp_path):
+    from capsule_core.backends.emu import EmuBackend
+    from capsule_core.backends.execution import GuardedOutput
+
+    (tmp_path / "steps.cu").write_text(STEPS)
+    plan = _steps_plan()
+    assert plan_problems(plan, {STEPS_REF.symbol: STEPS_REF}) == []
+    assert [launch.symbol for launch in plan.kernel_launches] == ["capsule_steps_fwd"] * 3
+    capsule = type("Capsule", (), {"symbols": (STEPS_REF,)})()
+    x = np.arange(24, dtype=np.float32)
+    outputs = {"y": GuardedOutput((24,)), "sum": GuardedOutput((1,))}
+    executed = EmuBackend(family_dir=tmp_path, refs=(STEPS_REF,)).execute(capsule, plan, {"x": x}, outputs)
+    assert outputs["y"].view.tolist() == (2 * x).tolist() and outputs["sum"].view.tolist() == [float(x.sum())]
+    assert executed.overruns == {} and outputs["y"].guard_damage() == 0
+
+
+def test_plan_steps_that_break_their_rules_are_named():
+    from capsule_core.kernels.launch import Copy, Memset, View
+
+    symbols = {STEPS_REF.symbol: STEPS_REF}
+    launch = Launch("capsule_steps_fwd", (1, 1, 1), (32, 1, 1), (View("x", 0), "y", "total", 8))
+
+    def problems(*steps):
+        return plan_problems(_steps_plan(steps=steps), symbols)
+
+    assert problems(Memset("x", 0.0), launch) == ["step 0: memset of x, a read-only input"]
+    assert problems(Memset("nowhere"), launch) == ["step 0: memset of an unknown buffer 'nowhere'"]
+    assert problems(launch, Copy("total", "sum", 2)) == ["step 1: copy of 2 elements runs past total or sum"]
+    assert problems(launch, Copy("total", "x", 1)) == ["step 1: copy into x, a read-only input"]
+    past = Launch("capsule_steps_fwd", (1, 1, 1), (32, 1, 1), (View("x", 25), "y", "total", 8))
+    assert problems(past) == ["launch 0 (capsule_steps_fwd): x views x at element 25, past its 24"]
+
+
+def test_plan_steps_run_under_a_sanitizer_too(tmp_path):
+    from capsule_core.backends.execution import GuardedOutput
+    from capsule_core.sanitize import engine as sanitize
+
+    why = sanitize.unavailable("memcheck")
+    if why:
+        pytest.skip(why)
+    (tmp_path / "steps.cu").write_text(STEPS)
+    capsule = type("Capsule", (), {"symbols": (STEPS_REF,)})()
+    x = np.arange(24, dtype=np.float32)
+    outputs = {"y": GuardedOutput((24,)), "sum": GuardedOutput((1,))}
+    sanitize.backend_for("memcheck", tmp_path, (STEPS_REF,)).execute(capsule, _steps_plan(), {"x": x}, outputs)
+    assert outputs["y"].view.tolist() == (2 * x).tolist() and outputs["sum"].view.tolist() == [float(x.sum())]

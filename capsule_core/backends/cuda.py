@@ -189,6 +189,14 @@ class CudaBackend(DeviceBackend):
         with self._driver("synchronize"):
             self.context.synchronize()
 
+    def memset32(self, address: int, word: int, words: int):
+        with self._driver("memset"):
+            self.drv.memset_d32(address, word, words)
+
+    def copy(self, destination: int, source: int, nbytes: int):
+        with self._driver("device-to-device copy"):
+            self.drv.memcpy_dtod(destination, source, nbytes)
+
 
 # -- bench: timing on the device ------------------------------------------------------------
 #
@@ -399,8 +407,8 @@ class TimedPlan(_Timed):
             raise MemoryError(f"{plan.op}: {exc}") from exc
 
     def _enqueue(self):
-        for ref, launch, args in self.staged.launches:
-            self.backend.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+        for step in self.staged.launches:
+            self.backend.step(step)
 
     def close(self):
         self.backend.release(self.staged)

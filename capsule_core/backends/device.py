@@ -20,7 +20,7 @@ from capsule_core import activity
 from capsule_core.backends.execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
 from capsule_core.errors import CapsuleError
 from capsule_core.kernels.c_types import BUFFER_DTYPES, scalar_argument
-from capsule_core.kernels.launch import flat_buffers, parse_param
+from capsule_core.kernels.launch import Copy, Memset, View, flat_buffers, parse_param
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class Staged:
     pointers: dict = field(default_factory=dict)
     bands: list = field(default_factory=list)
     launches: list = field(default_factory=list)
-    """(NativeSymbolRef, Launch, typed arguments) in plan order."""
+    """The steps in plan order: ("launch", NativeSymbolRef, Launch, typed arguments),
+    ("memset", address, word, words) or ("copy", destination, source, bytes)."""
 
 
 class DeviceBackend:
@@ -82,6 +83,14 @@ class DeviceBackend:
         raise NotImplementedError
 
     def synchronize(self):
+        raise NotImplementedError
+
+    def memset32(self, address: int, word: int, words: int):
+        """Set `words` 32-bit words at `address` to `word` (a plan's Memset step)."""
+        raise NotImplementedError
+
+    def copy(self, destination: int, source: int, nbytes: int):
+        """Copy `nbytes` of device memory from `source` to `destination` (a plan's Copy step)."""
         raise NotImplementedError
 
     @contextmanager
@@ -164,31 +173,73 @@ class DeviceBackend:
                 else:
                     pointers[b.name] = alloc(b.nbytes, b)
             symbols = {r.symbol: r for r in capsule.symbols}
-            for launch in plan.launches:
-                ref = symbols[launch.symbol]
-                args = [
-                    np.uintp(pointers[a]) if p.pointer else scalar_argument(p.ctype, a)
-                    for p, a in zip(map(parse_param, ref.params), launch.args)
-                ]
-                staged.launches.append((ref, launch, args))
+            buffers = {b.name: b for b in plan.buffers}
+
+            def address(name: str, offset: int = 0, elements: int = 0) -> int:
+                b = buffers[name]
+                if not (0 <= offset and offset + elements <= b.elements):
+                    raise CapsuleError(
+                        f"{plan.op}: elements {offset}..{offset + elements} are outside buffer {name} "
+                        f"({b.elements} elements)"
+                    )
+                return pointers[name] + offset * b.itemsize
+
+            for step in plan.launches:
+                if isinstance(step, Memset):
+                    b = buffers[step.buffer]
+                    word = (
+                        int(np.array([step.value], BUFFER_DTYPES[b.dtype]).view(np.uint32)[0]) if b.itemsize == 4 else 0
+                    )
+                    staged.launches.append(("memset", address(b.name), word, b.nbytes // 4))
+                elif isinstance(step, Copy):
+                    nbytes = step.elements * buffers[step.src].itemsize
+                    staged.launches.append(
+                        (
+                            "copy",
+                            address(step.dst, step.dst_offset, step.elements),
+                            address(step.src, step.src_offset, step.elements),
+                            nbytes,
+                        )
+                    )
+                else:
+                    ref = symbols[step.symbol]
+                    args = [
+                        np.uintp(address(a.buffer, a.offset) if isinstance(a, View) else pointers[a])
+                        if p.pointer
+                        else scalar_argument(p.ctype, a)
+                        for p, a in zip(map(parse_param, ref.params), step.args)
+                    ]
+                    staged.launches.append(("launch", ref, step, args))
         except BaseException:
             self.release(staged)
             raise
         return staged
 
     def run(self, staged: Staged) -> None:
-        """Every launch of a staged plan, in order, each recorded (current_launch, activity) so
-        that a fault or a dead worker names it."""
+        """Every step of a staged plan, in order, each launch recorded (current_launch, activity)
+        so that a fault or a dead worker names it."""
         total = len(staged.launches)
-        for index, (ref, launch, args) in enumerate(staged.launches, 1):
-            self.launch_count += 1
-            self.current_launch = (
-                f"{index}/{total} of the plan: {launch.symbol} grid "
-                f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}"
-            )
-            activity.launch_started(self.current_launch)
-            self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+        for index, step in enumerate(staged.launches, 1):
+            if step[0] == "launch":
+                launch = step[2]
+                self.launch_count += 1
+                self.current_launch = (
+                    f"{index}/{total} of the plan: {launch.symbol} grid "
+                    f"{'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))}"
+                )
+                activity.launch_started(self.current_launch)
+            self.step(step)
             activity.launch_ended()
+
+    def step(self, step: tuple) -> None:
+        """One staged step on the device: a launch, a memset or a copy."""
+        if step[0] == "launch":
+            _, ref, launch, args = step
+            self.launch(ref, launch.grid, launch.block, launch.shared_bytes, args)
+        elif step[0] == "memset":
+            self.memset32(*step[1:])
+        else:
+            self.copy(*step[1:])
 
     def collect(self, staged: Staged, host: dict, outputs: dict) -> Executed:
         """After run: the outputs downloaded into their guarded buffers, the inputs read back, the

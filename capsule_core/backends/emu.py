@@ -379,6 +379,13 @@ class EmuBackend(DeviceBackend):
             raise ValueError("download needs a contiguous host array")
         ctypes.memmove(data.ctypes.data, address, data.nbytes)
 
+    def memset32(self, address: int, word: int, words: int):
+        if words:
+            np.frombuffer((ctypes.c_uint32 * words).from_address(address), np.uint32)[:] = word
+
+    def copy(self, destination: int, source: int, nbytes: int):
+        ctypes.memmove(destination, source, nbytes)
+
     def launch(self, ref, grid, block, shared_bytes, args):
         family = Path(ref.path).stem
         lib = load_family(family, self.family_dir, self.refs)

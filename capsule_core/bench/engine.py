@@ -421,7 +421,7 @@ class CudaDevice:
             if any(b.name == "out" and b.role == "input" for b in plan.buffers):
                 with np.errstate(all="ignore"):
                     host["out"] = spec.forward(arrays, working_params(params, np.float32))
-        if not plan.launches:
+        if not plan.kernel_launches:
             raise NoKernel("its plan launches no kernel")
         return self.gpu.plan_target(capsule, plan, host)
 

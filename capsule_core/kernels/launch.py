@@ -67,17 +67,51 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class View:
+    """A pointer argument `offset` elements into a buffer: one image of a batch, one row block."""
+
+    buffer: str
+    offset: int
+
+
+@dataclass(frozen=True)
+class Memset:
+    """A plan step between launches: every element of `buffer` set to `value` (a buffer that
+    atomics accumulate into starts at 0, a max at -inf). 4-byte elements, or 0 for any."""
+
+    buffer: str
+    value: float | int = 0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A plan step between launches: `elements` elements from `src` (at src_offset) to `dst`
+    (at dst_offset), device to device."""
+
+    src: str
+    dst: str
+    elements: int
+    src_offset: int = 0
+    dst_offset: int = 0
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     op: str
     direction: str
     buffers: tuple[Buffer, ...]
-    launches: tuple[Launch, ...]
+    launches: tuple[Launch | Memset | Copy, ...]
+    """The plan's steps in order: kernel launches, and the memsets and copies between them."""
     host_data: Mapping[str, np.ndarray] = field(default_factory=dict)
     output_shapes: Mapping[str, tuple] = field(default_factory=dict)
     """Shape of each output buffer as the op's result (y, or a gradient per input)."""
     aliases: Mapping[str, str] = field(default_factory=dict)
     """Output buffer -> the input buffer whose memory it is (reshape): the backend allocates and
     writes nothing for it and hands back the input's memory under the output's shape."""
+
+    @property
+    def kernel_launches(self) -> tuple[Launch, ...]:
+        return tuple(step for step in self.launches if isinstance(step, Launch))
 
     def buffer(self, name: str) -> Buffer:
         for b in self.buffers:
@@ -146,6 +180,9 @@ def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch
         if b.role == "meta" and (b.name not in plan.host_data or plan.host_data[b.name].size != b.elements):
             problems.append(f"meta buffer {b.name} has no host data of {b.elements} elements")
     for i, launch in enumerate(plan.launches):
+        if not isinstance(launch, Launch):
+            problems += _step_problems(f"step {i}", launch, buffers)
+            continue
         where = f"launch {i} ({launch.symbol})"
         ref = symbols.get(launch.symbol)
         if ref is None:
@@ -177,7 +214,7 @@ def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch
             problems.append(f"alias {out} -> {src}: {src} is not an input buffer of the plan")
         elif buffers[src].elements != buffers[out].elements or buffers[src].dtype != buffers[out].dtype:
             problems.append(f"alias {out} -> {src}: sizes or dtypes differ")
-        if any(out in launch.args for launch in plan.launches):
+        if any(out in _buffers_of(step) for step in plan.launches):
             problems.append(f"alias {out} is written by a launch")
     for name, shape in plan.output_shapes.items():
         b = buffers.get(name)
@@ -188,10 +225,52 @@ def plan_problems(plan: LaunchPlan, symbols: Mapping[str, NativeSymbolRef], arch
     return problems
 
 
+def _buffers_of(step) -> set[str]:
+    """The buffers a step touches."""
+    if isinstance(step, Memset):
+        return {step.buffer}
+    if isinstance(step, Copy):
+        return {step.src, step.dst}
+    return {a.buffer if isinstance(a, View) else a for a in step.args if isinstance(a, (str, View))}
+
+
+def _step_problems(where: str, step, buffers: Mapping[str, Buffer]) -> list[str]:
+    """A memset or copy that breaks its rules: unknown or read-only buffers, ranges past the end,
+    a value its buffer cannot hold."""
+    if isinstance(step, Memset):
+        b = buffers.get(step.buffer)
+        if b is None:
+            return [f"{where}: memset of an unknown buffer {step.buffer!r}"]
+        if b.role in ("input", "meta"):
+            return [f"{where}: memset of {step.buffer}, a read-only {b.role}"]
+        if b.itemsize != 4 and step.value != 0:
+            return [f"{where}: memset of {step.buffer} ({b.dtype}) to {step.value!r}: only 0 fills 8-byte elements"]
+        return []
+    if isinstance(step, Copy):
+        src, dst = buffers.get(step.src), buffers.get(step.dst)
+        if src is None or dst is None:
+            return [f"{where}: copy between unknown buffers {step.src!r} -> {step.dst!r}"]
+        if src.dtype != dst.dtype:
+            return [f"{where}: copy {step.src} ({src.dtype}) -> {step.dst} ({dst.dtype}): dtypes differ"]
+        if dst.role in ("input", "meta"):
+            return [f"{where}: copy into {step.dst}, a read-only {dst.role}"]
+        if step.elements < 0 or min(step.src_offset, step.dst_offset) < 0:
+            return [f"{where}: copy of {step.elements} elements at offsets {step.src_offset}, {step.dst_offset}"]
+        if step.src_offset + step.elements > src.elements or step.dst_offset + step.elements > dst.elements:
+            return [f"{where}: copy of {step.elements} elements runs past {step.src} or {step.dst}"]
+        return []
+    return [f"{where}: {step!r} is not a launch, memset or copy"]
+
+
 def _argument_problems(where: str, param: CParam, arg, buffers: Mapping[str, Buffer]) -> list[str]:
     if param.pointer:
-        if not isinstance(arg, str) or arg not in buffers:
+        view = arg if isinstance(arg, View) else None
+        name = view.buffer if view else arg
+        if not isinstance(name, str) or name not in buffers:
             return [f"{where}: {param.name} needs a buffer, got {arg!r}"]
+        if view and not 0 <= view.offset <= buffers[name].elements:
+            return [f"{where}: {param.name} views {name} at element {view.offset}, past its {buffers[name].elements}"]
+        arg = name
         b = buffers[arg]
         if C_TYPES[param.ctype].buffer != b.dtype:
             return [f"{where}: {param.name} is {param.ctype}* but buffer {arg} holds {b.dtype}"]

@@ -349,7 +349,7 @@ def _resources(plan: LaunchPlan, refs: Mapping[str, Any], arch: str) -> tuple[di
     """ptxas resources by symbol, and why they are unknown by source path (no nvcc, no source,
     nvcc failed)."""
     found, missing = {}, {}
-    for path in sorted({refs[launch.symbol].path for launch in plan.launches if launch.symbol in refs}):
+    for path in sorted({refs[launch.symbol].path for launch in plan.kernel_launches if launch.symbol in refs}):
         try:
             found.update(compile_file(source_path(path), arch).resources)
         except (EnvironmentMissing, CompileError) as exc:
@@ -465,7 +465,7 @@ def explain(
     device = device or choose_device(arch)
     symbols = {ref.symbol: ref for ref in capsule.symbols}
     resources, missing = _resources(plan, symbols, device.arch)
-    rows = tuple(_row(launch, symbols, resources, missing, device) for launch in plan.launches)
+    rows = tuple(_row(launch, symbols, resources, missing, device) for launch in plan.kernel_launches)
     return Explanation(
         op=spec.name,
         capsule=capsule.name,

@@ -239,7 +239,20 @@ class SanitizedBackend(DeviceBackend):
                 words.append(f"b{ident}+{offset}")
             else:
                 words.append(str(int(w)))
-        self._launches.append((ref.symbol, tuple(grid), tuple(block), int(shared_bytes), words))
+        self._launches.append(
+            f"launch {ref.symbol} {' '.join(map(str, grid))} {' '.join(map(str, block))} {int(shared_bytes)} "
+            f"{len(words)} {' '.join(words)}"
+        )
+
+    def _device_address(self, address: int) -> str:
+        ident, offset = divmod(int(address), self._SPAN)
+        return f"b{ident}+{offset}"
+
+    def memset32(self, address: int, word: int, words: int):
+        self._launches.append(f"memset {self._device_address(address)} {int(word)} {int(words)}")
+
+    def copy(self, destination: int, source: int, nbytes: int):
+        self._launches.append(f"copy {self._device_address(destination)} {self._device_address(source)} {int(nbytes)}")
 
     def synchronize(self):
         launches, self._launches = self._launches, []
@@ -256,11 +269,7 @@ class SanitizedBackend(DeviceBackend):
                     source = str(work / f"in{ident}.bin")
                     Path(source).write_bytes(contents)
                 lines.append(f"buffer {ident} {nbytes} {source}")
-            for symbol, grid, block, shared, words in launches:
-                lines.append(
-                    f"launch {symbol} {' '.join(map(str, grid))} {' '.join(map(str, block))} {shared} "
-                    f"{len(words)} {' '.join(words)}"
-                )
+            lines += launches
             for ident in self._buffers:
                 lines.append(f"dump {ident} {work / f'out{ident}.bin'}")
             (work / "script").write_text("\n".join(lines) + "\n")
@@ -278,8 +287,9 @@ class SanitizedBackend(DeviceBackend):
                     preexec_fn=die_with_parent,
                 )
             except subprocess.TimeoutExpired:
+                first_kernel = next((line.split()[1] for line in launches if line.startswith("launch ")), "the plan")
                 raise KernelFault(
-                    f"the {self.tool} run of {launches[0][0]} did not finish in {limit:g} s (--sanitize-timeout)"
+                    f"the {self.tool} run of {first_kernel} did not finish in {limit:g} s (--sanitize-timeout)"
                 ) from None
             address_errors_only = (
                 self.tool == "initcheck"
