@@ -1,8 +1,8 @@
 """One execution path for the devices that run the kernels: the GPU (cuda) and the CPU emulator
 (emu), design §8.
 
-A device implements six calls: allocate, upload, download, launch, synchronize, free. Everything
-above them is written once here: the plans of an op, guarded outputs (guard bands around a
+A device implements eight calls: allocate, upload, download, launch, memset32, copy, synchronize,
+free. Everything above them is written once here: the plans of an op, guarded outputs (guard bands around a
 NaN-sentinel view, capsule_core.backends.execution), inputs and host metadata uploaded, workspaces left
 as the device gives them, every other buffer between guard bands too, every launch of the plan in
 order, outputs and aliases downloaded, the inputs read back for `inputs.intact` and the bands for
