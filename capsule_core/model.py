@@ -171,15 +171,20 @@ class ContractEvidence:
 
 @dataclass(frozen=True)
 class NativeSymbolRef:
-    """An extern "C" entry point: its source under cuda/, its symbol, and its declared C
-    parameter list — the single source of the launch signature."""
+    """A kernel entry point: its source under cuda/, its symbol, its declared C parameter list
+    (the single source of the launch signature) and its linkage. `extern "C"` kernels are their
+    own PTX .entry; a kernel with C++ linkage is named as C++ writes it ("ns::rows_max",
+    "scale<float>") and found among the PTX entries by its demangled name."""
 
     path: str
     symbol: str
     params: tuple[str, ...]
+    linkage: str = "C"
+    """"C" (extern "C") or "C++"."""
 
     def declaration(self) -> str:
-        return f'extern "C" __global__ void {self.symbol}({", ".join(self.params)})'
+        extern = 'extern "C" ' if self.linkage == "C" else ""
+        return f"{extern}__global__ void {self.symbol}({', '.join(self.params)})"
 
 
 @dataclass(frozen=True)

@@ -397,3 +397,90 @@ def test_plan_steps_run_under_a_sanitizer_too(tmp_path):
     outputs = {"y": GuardedOutput((24,)), "sum": GuardedOutput((1,))}
     sanitize.backend_for("memcheck", tmp_path, (STEPS_REF,)).execute(capsule, _steps_plan(), {"x": x}, outputs)
     assert outputs["y"].view.tolist() == (2 * x).tolist() and outputs["sum"].view.tolist() == [float(x.sum())]
+
+
+CXX_LINKAGE = r"""
+#include <cstddef>
+#include <cstdint>
+namespace lib {
+template <class T>
+__global__ void scale(const T* __restrict__ x, T* __restrict__ y, T c, size_t n) {
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) y[i] = c * x[i];
+}
+template __global__ void scale<float>(const float* __restrict__, float* __restrict__, float, size_t);
+
+__global__ void count_positive(const float* __restrict__ x, unsigned int* __restrict__ count, uint32_t n) {
+    if (blockDim.x != 256) return;  // written for 256 threads, as such libraries are
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (x[i] > 0.0f) atomicAdd(count, 1u);
+}
+}  // namespace lib
+"""
+CXX_REFS = (
+    NativeSymbolRef(
+        "cuda/cxx.cu",
+        "lib::scale<float>",
+        ("const float* __restrict__ x", "float* __restrict__ y", "float c", "size_t n"),
+        "C++",
+    ),
+    NativeSymbolRef(
+        "cuda/cxx.cu",
+        "lib::count_positive",
+        ("const float* __restrict__ x", "unsigned int* __restrict__ count", "uint32_t n"),
+        "C++",
+    ),
+)
+
+
+def test_kernels_with_cpp_linkage_are_found_by_their_demangled_names(cache, tmp_path, monkeypatch):
+    folder = tmp_path / "cxx"
+    folder.mkdir()
+    (folder / "cxx.cu").write_text(CXX_LINKAGE)
+    compiled = kernels.compile_file(folder / "cxx.cu", "sm_90")
+    names = [compiled.entry_name(ref) for ref in CXX_REFS]
+    assert all(n and n.startswith("_Z") for n in names), names  # mangled .entry names
+    assert [kernels.demangled_names(tuple(names))[n] for n in names] == [
+        "void lib::scale<float>(float const*, float*, float, unsigned long)",
+        "lib::count_positive(float const*, unsigned int*, unsigned int)",
+    ]
+    monkeypatch.setenv("CAPSULES_CUDA_DIR", str(folder))
+    assert check_engine._symbol_problems(CXX_REFS, {"sm_90": compiled}) == []
+    wrong = NativeSymbolRef(
+        "cuda/cxx.cu", "lib::count_positive", ("const float* x", "unsigned int* count", "uint64_t n"), "C++"
+    )
+    assert check_engine._symbol_problems((wrong,), {"sm_90": compiled}) == [
+        "lib::count_positive (sm_90): parameter 2 `uint64_t n` should be .u64 in PTX, is .u32"
+    ]
+    as_c = NativeSymbolRef("cuda/cxx.cu", "lib::count_positive", CXX_REFS[1].params)
+    assert check_engine._symbol_problems((as_c,), {"sm_90": compiled})[0].startswith(
+        'lib::count_positive: no extern "C" __global__ definition'
+    )
+
+
+def test_the_emulator_runs_kernels_with_cpp_linkage(tmp_path):
+    from capsule_core.backends.emu import EmuBackend
+    from capsule_core.backends.execution import GuardedOutput
+    from capsule_core.kernels.launch import Memset
+
+    (tmp_path / "cxx.cu").write_text(CXX_LINKAGE)
+    x = np.float32([1, -2, 3, -4, 5, 0, 7])
+    plan = LaunchPlan(
+        "cxx",
+        "fwd",
+        (
+            Buffer("x", "input", "float32", 7),
+            Buffer("y", "output", "float32", 7),
+            Buffer("count", "output", "uint32", 1),
+        ),
+        (
+            Launch("lib::scale<float>", (1, 1, 1), (256, 1, 1), ("x", "y", 0.5, 7)),
+            Memset("count", 0),
+            Launch("lib::count_positive", (1, 1, 1), (256, 1, 1), ("x", "count", 7)),
+        ),
+        output_shapes={"y": (7,), "count": (1,)},
+    )
+    assert plan_problems(plan, {r.symbol: r for r in CXX_REFS}) == []
+    outputs = {"y": GuardedOutput((7,)), "count": GuardedOutput((1,))}
+    capsule = type("Capsule", (), {"symbols": CXX_REFS})()
+    EmuBackend(family_dir=tmp_path, refs=CXX_REFS).execute(capsule, plan, {"x": x}, outputs)
+    assert outputs["y"].view.tolist() == (0.5 * x).tolist() and outputs["count"].view.view(np.uint32).tolist() == [4]

@@ -145,10 +145,10 @@ class CudaBackend(DeviceBackend):
         from capsule_core.kernels.nvcc import compile_file, source_path
 
         if ref.symbol not in self._functions:
+            compiled = compile_file(source_path(ref.path), self.arch)
             if ref.path not in self._modules:
-                compiled = compile_file(source_path(ref.path), self.arch)
                 self._modules[ref.path] = self.drv.module_from_buffer(compiled.cubin)
-            fn = self._modules[ref.path].get_function(ref.symbol)
+            fn = self._modules[ref.path].get_function(compiled.entry_name(ref) or ref.symbol)
             params = [parse_param(p) for p in ref.params]
             fn.prepare("".join("P" if p.pointer else C_TYPES[p.ctype].prepare for p in params))
             self._functions[ref.symbol] = (fn, params)

@@ -91,8 +91,13 @@ def expected_ptx_type(declared: str) -> str:
 
 
 def _source_declares(ref: NativeSymbolRef, text: str) -> bool:
+    """The source defines the kernel with its declared linkage: `extern "C" __global__ void NAME(`,
+    or for C++ linkage `__global__ void NAME(` (a qualified or templated NAME by its last name)."""
     bounds = r"(?:__launch_bounds__\([^)]*\)\s+)?"
-    return re.search(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}{ref.symbol}\s*\(', text) is not None
+    if ref.linkage == "C":
+        return re.search(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}{ref.symbol}\s*\(', text) is not None
+    name = re.escape(re.sub(r"<.*>$", "", ref.symbol).split("::")[-1])
+    return re.search(rf"__global__\s+{bounds}void\s+{bounds}{name}\s*\(", text) is not None
 
 
 def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:
@@ -100,14 +105,16 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     for ref in refs:
         path = cuda_source_dir() / Path(ref.path).name
         if not _source_declares(ref, path.read_text(errors="replace")):
-            problems.append(f'{ref.symbol}: no extern "C" __global__ definition in {ref.path}')
+            linkage = 'extern "C" __global__' if ref.linkage == "C" else "__global__ (C++ linkage)"
+            problems.append(f"{ref.symbol}: no {linkage} definition in {ref.path}")
         for arch, result in compiled.items():
             if isinstance(result, CompileError):
                 continue
-            entry = result.entries.get(ref.symbol)
-            if entry is None:
+            name = result.entry_name(ref)
+            if name is None:
                 problems.append(f"{ref.symbol}: no PTX .entry for {arch}")
                 continue
+            entry = result.entries[name]
             want = [expected_ptx_type(p) for p in ref.params]
             got = [p.ptx_type for p in entry]
             if len(want) != len(got):

@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -253,6 +254,15 @@ class CompiledFile:
     def entries(self) -> dict[str, tuple[PtxParam, ...]]:
         return parse_ptx_entries(self.ptx)
 
+    def entry_name(self, ref) -> str | None:
+        """The PTX .entry of a NativeSymbolRef: its symbol for C linkage; for C++ linkage the one
+        mangled entry whose demangled name (c++filt) is the symbol with its parameter list (None
+        when there is none, or several: overloads the declaration cannot tell apart)."""
+        if ref.linkage == "C":
+            return ref.symbol if ref.symbol in self.entries else None
+        found = [m for m, d in demangled_names(tuple(self.entries)).items() if _kernel_name(d) == ref.symbol]
+        return found[0] if len(found) == 1 else None
+
     @property
     def resources(self) -> dict[str, KernelResources]:
         return parse_ptxas_resources(self.log)
@@ -268,6 +278,25 @@ _WARNING = re.compile(r"\bwarning\s*(#\S+\s*)?:", re.IGNORECASE)
 """nvcc's `file(line): warning #177-D: ...`, ptxas's `ptxas warning : ...`, the host compiler's `warning: ...`."""
 _ENTRY = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.DOTALL)
 _PARAM = re.compile(r"\.param\s+\.(\w+)(?:\s+\.ptr)?(?:\s+\.\w+)*\s+\w+(\[\d+\])?")
+
+
+@lru_cache(maxsize=None)
+def demangled_names(names: tuple[str, ...]) -> dict[str, str]:
+    """{PTX entry: its C++ name with its parameter list} through c++filt, which comes with the
+    compiler; a name c++filt does not know (C linkage) stands for itself."""
+    tool = shutil.which("c++filt")
+    if tool is None or not names:
+        return {n: n for n in names}
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True, timeout=60).stdout
+    lines = out.splitlines()
+    return dict(zip(names, lines)) if len(lines) == len(names) else {n: n for n in names}
+
+
+def _kernel_name(demangled: str) -> str:
+    """ "lib::scale<float>" of "void lib::scale<float>(float const*, float*, float, unsigned long)"
+    (c++filt writes a template instance's return type, and kernels return void)."""
+    name = demangled.split("(")[0]
+    return name[len("void ") :] if name.startswith("void ") else name
 
 
 def parse_ptx_entries(ptx: str) -> dict[str, tuple[PtxParam, ...]]:
