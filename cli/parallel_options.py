@@ -91,9 +91,11 @@ def spread(
         if jobs is None:
             if devices is not None:
                 raise parallel.OptionError("--devices: pins the workers of --jobs to GPUs; give --jobs too")
-            if isolate:
+            if isolate:  # a fresh worker per capsule, on any backend
                 return (parallel.Worker(backend, device, launch_timeout),)
-            return (isolate is None and parallel.contained(backend, device, launch_timeout)) or None
+            if isolate is False:
+                return None
+            return parallel.contained(backend, device, launch_timeout) or None  # () on numpy: here
         return parallel.local_workers(backend, jobs, devices, capsules, launch_timeout)
     except parallel.OptionError as exc:
         raise fail(str(exc), EXIT_USAGE)

@@ -47,6 +47,14 @@ void planted_defect(const float* x, float* y, int64_t n) {
         while (spinning) {}
     }
     if (mode == "abort" && i == 0) std::abort();
+    if (mode == "hang-masked") {  // the watchdog's signal blocked: only the parent can end it
+        sigset_t watchdog;
+        sigemptyset(&watchdog);
+        sigaddset(&watchdog, SIGVTALRM);
+        pthread_sigmask(SIG_BLOCK, &watchdog, nullptr);
+        volatile int spinning = 1;
+        while (spinning) {}
+    }
     if (mode == "kill" && i == 0) std::raise(SIGKILL);
 }
 #else
@@ -181,6 +189,16 @@ def test_a_hang_fails_the_later_cases_without_launching_them(planted, tmp_path):
     proc, document, _ = verify_planted(planted, tmp_path, "hang", "--launch-timeout", "1")
     assert proc.returncode == 1
     assert document["capsules"][0]["seconds"] < 30, "each later case waited for the watchdog again"
+
+
+def test_a_kernel_that_blocks_the_watchdog_is_killed_by_the_parent(planted, tmp_path):
+    proc, document, _ = verify_planted(planted, tmp_path, "hang-masked", "--launch-timeout", "1")
+    assert proc.returncode == 1
+    relu, abs_ = document["capsules"]
+    reason = relu["checks"][0]["reason"]
+    assert relu["status"] == "ERROR" and abs_["status"] == "PASSED"
+    assert reason.startswith("the worker process hung in one launch for ") and "and was killed" in reason, reason
+    assert "in launch 1/1 of the plan: capsule_relu_fwd grid" in reason
 
 
 def test_a_worker_killed_by_its_kernel_is_an_error_naming_the_launch(planted, tmp_path):

@@ -62,9 +62,10 @@ CONTAINED_BACKENDS = ("emu", "cuda")
 (containment): a kernel that kills its process, or leaves a CUDA context unusable, costs its own
 capsule only."""
 
-HANG_GRACE = 60.0
-"""Seconds past a launch's own timeout before the parent kills a worker stuck in it (the
-emulator's watchdog normally ends the launch first)."""
+HANG_GRACE = 10.0
+"""The parent kills a worker stuck in one launch for twice the launch timeout, and at least this
+many seconds more (the emulator's watchdog normally ends the launch first; this is for a kernel
+that blocks the watchdog's signal, or waits in a system call)."""
 
 
 def contained(backend: str, device: int = 0, launch_timeout: float | None = None) -> tuple[Worker, ...]:
@@ -471,7 +472,8 @@ class _Process:
         return activity.read(self.breadcrumbs)
 
     def check_hang(self, now: float) -> bool:
-        """Kill the worker if its current launch has run HANG_GRACE past the launch timeout."""
+        """Kill the worker if its current launch has run twice the launch timeout (at least
+        HANG_GRACE past it)."""
         from capsule_core.backends.emu import launch_timeout_from_env
 
         limit = self.worker.launch_timeout
@@ -483,7 +485,7 @@ class _Process:
         if not limit:
             return False
         last = self.last_activity()
-        if last.started and now - last.started > limit + HANG_GRACE:
+        if last.started and now - last.started > limit + max(limit, HANG_GRACE):
             self.hung = f"the worker process hung in one launch for {now - last.started:.0f} s and was killed"
             self.process.kill()
             return True

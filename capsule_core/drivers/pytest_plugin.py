@@ -7,8 +7,9 @@ with the verify message and rerun line, SKIPPED (and MISTRUSTED: it ran but coul
 skips with the reason, PASSED passes. Each capsule is verified once, lazily when its first
 selected item runs, for the checks of its selected items; the other items read the cached
 report. On emu and cuda the kernels run in a worker process (as `capsules verify` does), so a
-kernel that crashes or hangs fails its own capsule's items and the session goes on. Without --capsules the plugin adds nothing, and this module imports nothing but pytest
-(the library is imported only when --capsules is given).
+kernel that crashes or hangs fails its own capsule's items and the session goes on. Without
+--capsules the plugin adds nothing, and this module imports nothing but pytest (the library is
+imported only when --capsules is given).
 """
 
 from __future__ import annotations
