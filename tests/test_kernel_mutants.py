@@ -1,12 +1,12 @@
 """Discriminating power of `verify --backend emu` (design §8, issue 12 piece 4): bugs planted in
 the CUDA sources themselves.
 
-Each kernel mutant of tests/mutants.py replaces one exact piece of cuda/ text (a vector tail that
+Each kernel mutant of tests/mutants/ replaces one exact piece of cuda/ text (a vector tail that
 starts late, a dropped barrier or shuffle step, a tile count that rounds down, swapped strides, a
 lost carry, a backward handed the wrong operand ...) in a temporary copy of cuda/, which the emu
 backend builds instead of the real one; verify's dynamic checks must then FAIL one of the checks
 the mutant expects. A family build costs 5 to 30 s, so the default run plants one representative
-mutant per family (KERNEL_REPRESENTATIVES); `python tests/mutants.py --kernels` runs the whole
+mutant per family (KERNEL_REPRESENTATIVES); `python tests/mutants --kernels` runs the whole
 catalog and prints its table and score. That the unmutated kernels raise no alarm is
 `verify --all --backend emu`'s job, tested elsewhere.
 """

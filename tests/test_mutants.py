@@ -1,6 +1,6 @@
 """Discriminating power of `capsules verify` (design §4): the mutation suite.
 
-Every mutant of tests/mutants.py (a realistic bug planted in the numpy float32 provider) goes
+Every mutant of tests/mutants/ (a realistic bug planted in the numpy float32 provider) goes
 through `verify_capsule(..., quick=True, seed=0)` on the dynamic checks. A mutant is killed when a
 check FAILS or ERRORs that does not on the unmutated provider; it is killed for the right reason
 when one of the checks its catalog entry expects FAILED. The other side of the same coin: the

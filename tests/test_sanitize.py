@@ -118,7 +118,7 @@ def test_each_defect_is_found_by_exactly_its_tool(planted, tool, defect):
 
 
 def test_racecheck_finds_a_dropped_sgemm_stage_barrier():
-    """The SGEMM without its k-tile barrier (tests/mutants.py's sgemm-dropped-stage-barrier, planted
+    """The SGEMM without its k-tile barrier (tests/mutants/'s sgemm-dropped-stage-barrier, planted
     in a copy of cuda/): racecheck reports the shared-memory race between the copies of a k-tile
     and the multiply of the stage, at the emulator's cp.async wait (where the copies land) and the
     fragment loads. 40 x 40 x 40: three k-tiles, so the ring of stages turns over."""
