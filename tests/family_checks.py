@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterator
@@ -28,15 +27,21 @@ import numpy as np
 
 from capsule_core.catalog import registry
 from capsule_core.catalog.cpu_providers import REFERENCE
-from capsule_core.check.engine import budget_problems, expected_ptx_type, family_budget
+from capsule_core.check.engine import (
+    budget_problems,
+    expected_ptx_type,
+    family_budget,
+    fit_problems,
+    read_problems,
+    source_declaration,
+)
 from capsule_core.kernels.launch import LaunchPlan, flat_buffers, plan_functions, plan_problems
-from capsule_core.kernels.nvcc import ARCHES, REGISTERS_PER_SM, CompiledFile, CompileError, compile_all, cuda_source_dir
+from capsule_core.kernels.nvcc import ARCHES, CompiledFile, CompileError, compile_all, cuda_source_dir
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Exact, seeded_rng, shapes_of, validate
 from capsule_core.verify.numerics import compare
 
 SIZES = ("small", "medium", "large")
-SHARED_PER_BLOCK = 48 * 1024
 """Static plus dynamic shared memory a block gets without the opt-in attribute."""
 
 
@@ -103,34 +108,16 @@ def signature_problems(family: str, launch_bounds: bool | None = None) -> list[s
     """Each entry point written literally in cuda/<family>.cu (no macro-made names) with the
     registry's parameter list; `launch_bounds` True: each declares __launch_bounds__, False: none
     does, None: either."""
-    path = cuda_source_dir() / f"{family}.cu"
-    source = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", path.read_text()))
-    bounds = r"(__launch_bounds__\([^)]*\) )?"
+    text = (cuda_source_dir() / f"{family}.cu").read_text()
     problems = []
     for name, ref in family_symbols(family).items():
         if ref.path != f"cuda/{family}.cu":
             problems.append(f"{name}: declared in {ref.path}, not cuda/{family}.cu")
-        params = re.escape(", ".join(ref.params))
-        match = re.search(rf'extern "C" __global__ {bounds}void {bounds}{name}\({params}\)', source)
+        match = source_declaration(ref, text)  # what `capsules check` holds it to
         if match is None:
             problems.append(f"{name}: the source does not declare ({', '.join(ref.params)})")
         elif launch_bounds is not None and bool(match[1] or match[2]) != launch_bounds:
             problems.append(f"{name}: __launch_bounds__ {'missing' if launch_bounds else 'not expected'}")
-    return problems
-
-
-def fit_problems(launch, resources: dict) -> list[str]:
-    """One launch on one arch: its threads times the kernel's registers (allocated 8 at a time)
-    within a multiprocessor's register file, static and dynamic shared memory within a block's."""
-    r = resources.get(launch.symbol)
-    if r is None:
-        return []  # not a compiled kernel: plan_problems and build_problems say so
-    threads = int(np.prod(launch.block))
-    problems = []
-    if threads * (-(-r.registers // 8) * 8) > REGISTERS_PER_SM:
-        problems.append(f"{launch.symbol}: {threads} threads × {r.registers} registers")
-    if r.shared_bytes + launch.shared_bytes > SHARED_PER_BLOCK:
-        problems.append(f"{launch.symbol}: {r.shared_bytes} + {launch.shared_bytes} bytes of shared memory")
     return problems
 
 
@@ -257,20 +244,18 @@ def plan_case_problems(
         for plan, declared in zip(case.plans, outputs):
             for arch in ARCHES:
                 problems += [f"{where} {plan.direction} {arch}: {p}" for p in plan_problems(plan, refs, arch)]
-                for launch in plan.launches:
+                for launch in plan.kernel_launches:
                     problems += [
-                        f"{where} {plan.direction} {arch}: {p}" for p in fit_problems(launch, resources.get(arch, {}))
+                        f"{where} {plan.direction} {arch}: {p}"
+                        for p in fit_problems(launch, resources.get(arch, {}), arch)
                     ]
             if {k: tuple(v) for k, v in plan.output_shapes.items()} != declared:
                 problems.append(f"{where} {plan.direction}: outputs {dict(plan.output_shapes)} != {declared}")
+        problems += [f"{where} {p}" for p in read_problems(spec, case.arrays, case.forward, case.backward)]
         names = set(plan_inputs(spec, case.arrays))
         read = {b.name for b in case.forward.buffers if b.role == "input"}
-        if not (read == names if all_inputs else read <= names):
+        if all_inputs and read != names:  # the family's own rule, beyond the gate's: every input read
             problems.append(f"{where} forward: input buffers {sorted(read)} for the op's {sorted(names)}")
-        if case.backward is not None:
-            read = {b.name for b in case.backward.buffers if b.role == "input"}
-            if not read <= names | {"out", "g"}:
-                problems.append(f"{where} backward: input buffers {sorted(read)}")
         if check is not None:
             check(case)
     return problems

@@ -160,3 +160,51 @@ def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_rep
     assert (
         "FAILED native_cuda.relu launch.plan" in verified.stdout and "ERROR native_cuda.relu value" in verified.stdout
     )
+
+
+# -- what the gate holds plans and sources to (what the family tests used to hold alone) ------------
+
+
+def test_a_launch_that_does_not_fit_its_kernel_fails_the_gate():
+    from capsule_core.kernels.launch import Launch
+
+    heavy = KernelResources(registers=128, spill_stores=0, spill_loads=0, stack_bytes=0, shared_bytes=40 * 1024)
+    launch = Launch("k", (1, 1, 1), (1024, 1, 1), ())
+    assert check_engine.fit_problems(launch, {"k": heavy}, "sm_90") == [
+        "k: 1024 threads × 128 registers exceed a multiprocessor's 65536"
+    ]
+    wide = Launch("k", (1, 1, 1), (256, 1, 1), (), shared_bytes=200 * 1024)
+    assert check_engine.fit_problems(wide, {"k": heavy}, "sm_80") == ["k: 40960 + 204800 bytes of shared memory"]
+    assert check_engine.fit_problems(Launch("k", (1, 1, 1), (256, 1, 1), ()), {"k": heavy}, "sm_90") == []
+
+
+def test_a_plan_that_reads_what_the_op_does_not_give_fails_the_gate():
+    import numpy as np
+
+    from capsule_core.kernels.launch import Buffer, LaunchPlan
+    from capsule_core.ops import get_spec
+
+    spec = get_spec("relu")
+    arrays = {"x": np.zeros(4, np.float32)}
+
+    def plan(*names):
+        return LaunchPlan("relu", "fwd", tuple(Buffer(n, "input", "float32", 4) for n in names), ())
+
+    assert check_engine.read_problems(spec, arrays, plan("x"), plan("x", "g", "out")) == []
+    assert check_engine.read_problems(spec, arrays, plan("x", "stale"), plan("x", "g", "y")) == [
+        "forward: input buffers ['stale'] are not inputs of the op",
+        "backward: input buffers ['y'] are not the op's, out or g",
+    ]
+
+
+def test_check_holds_the_source_to_the_declared_parameter_list():
+    ref = native_cuda.CAPSULES[3].symbols[0]  # relu's forward
+    text = kernels.source_path(ref.path).read_text()
+    assert check_engine.source_declaration(ref, text) is not None
+    renamed = dataclasses.replace(ref, params=(*ref.params[:-1], "int64_t count"))
+    assert check_engine.source_declaration(renamed, text) is None
+    problems = check_engine._symbol_problems((renamed,), {})
+    assert problems == [
+        f'{ref.symbol}: no extern "C" __global__ definition with the declared parameters '
+        f"({', '.join(renamed.params)}) in {ref.path}"
+    ]

@@ -137,11 +137,15 @@ def test_symbol_check_catches_renamed_symbols_and_wrong_widths(cache, source, mo
     problems = check_engine._symbol_problems([renamed], compiled)
     assert any("no extern" in p for p in problems) and any("no PTX .entry" in p for p in problems)
     narrow = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3] + ("int32_t n",))
-    assert check_engine._symbol_problems([narrow], compiled) == [
-        "capsule_tiny_fwd (sm_90): parameter 3 `int32_t n` should be .u32 in PTX, is .u64"
+    assert check_engine._symbol_problems([narrow], compiled) == [  # the source's list and the PTX both disagree
+        'capsule_tiny_fwd: no extern "C" __global__ definition with the declared parameters '
+        "(const float* __restrict__ x, float* __restrict__ y, float c, int32_t n) in cuda/tiny.cu",
+        "capsule_tiny_fwd (sm_90): parameter 3 `int32_t n` should be .u32 in PTX, is .u64",
     ]
     shorter = NativeSymbolRef(DECLARED.path, DECLARED.symbol, DECLARED.params[:3])
-    assert "PTX has 4 parameters, the registry declares 3" in check_engine._symbol_problems([shorter], compiled)[0]
+    assert "capsule_tiny_fwd (sm_90): PTX has 4 parameters, the registry declares 3" in check_engine._symbol_problems(
+        [shorter], compiled
+    )
 
 
 def _plan(block=(256, 1, 1), args=("x", "out", 2.0, 10), shared=0):
@@ -188,17 +192,22 @@ def test_check_refuses_reference_capsules_and_unknown_names():
     assert CliRunner().invoke(app, ["check", "relux"]).exit_code == 2
 
 
+TINY_PARAMS = "(const float* __restrict__ x,\n    float* __restrict__ y, float c, int64_t n)"
+
+
 @pytest.mark.parametrize(
     "text",
     [
-        'extern "C" __global__ void capsule_tiny_fwd(const float* x)',
-        'extern "C" __global__ __launch_bounds__(256, 2) void capsule_tiny_fwd(const float* x)',
-        'extern "C" __global__ void __launch_bounds__(512, 1)\ncapsule_tiny_fwd(const float* x)',
+        'extern "C" __global__ void capsule_tiny_fwd' + TINY_PARAMS,
+        'extern "C" __global__ __launch_bounds__(256, 2) void capsule_tiny_fwd' + TINY_PARAMS,
+        'extern "C" __global__ void __launch_bounds__(512, 1)\ncapsule_tiny_fwd' + TINY_PARAMS,
     ],
 )
 def test_source_declarations_with_launch_bounds_are_found(text):
+    """With or without __launch_bounds__, across lines; the name and the parameter list as declared."""
     assert check_engine._source_declares(DECLARED, text)
     assert not check_engine._source_declares(DECLARED, text.replace("capsule_tiny_fwd", "capsule_tiny_fwd2"))
+    assert not check_engine._source_declares(DECLARED, text.replace("int64_t n", "int64_t count"))
 
 
 EVERY_TYPE = r"""

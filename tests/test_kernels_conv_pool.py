@@ -11,7 +11,6 @@ import itertools
 import numpy as np
 import pytest
 from family_checks import (
-    SHARED_PER_BLOCK,
     build_problems,
     cases,
     compared,
@@ -28,6 +27,7 @@ from family_checks import (
 from hostmath import F32P, I64P, declare, load
 from kernel_emu import emulator
 
+from capsule_core.kernels.launch import STATIC_SHARED_LIMIT
 from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
 from capsule_core.kernels.plans import conv_pool as plans
 from capsule_core.ops import get_spec
@@ -46,7 +46,7 @@ POOLS = ("max_pool", "smooth_max_pool", "avg_pool")
 def test_compiles_without_warnings_or_spills(arch):
     assert build_problems(FAMILY, arch) == []
     for name, r in compiled(FAMILY)[arch].resources.items():
-        assert r.shared_bytes <= SHARED_PER_BLOCK, f"{name}: {r.shared_bytes} bytes of static shared memory"
+        assert r.shared_bytes <= STATIC_SHARED_LIMIT, f"{name}: {r.shared_bytes} bytes of static shared memory"
 
 
 def test_plan_constants_match_the_kernels():

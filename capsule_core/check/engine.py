@@ -17,10 +17,18 @@ from enum import Enum
 from pathlib import Path
 
 from capsule_core.kernels.c_types import C_TYPES
-from capsule_core.kernels.launch import flat_buffers, parse_param, plan_functions, plan_problems
+from capsule_core.kernels.launch import (
+    DYNAMIC_SHARED_LIMIT,
+    STATIC_SHARED_LIMIT,
+    flat_buffers,
+    parse_param,
+    plan_functions,
+    plan_problems,
+)
 from capsule_core.kernels.nvcc import (
     ARCHES,
     COMPILE_FLAGS,
+    REGISTERS_PER_SM,
     CompiledFile,
     CompileError,
     KernelBudget,
@@ -91,13 +99,22 @@ def expected_ptx_type(declared: str) -> str:
 
 
 def _source_declares(ref: NativeSymbolRef, text: str) -> bool:
-    """The source defines the kernel with its declared linkage: `extern "C" __global__ void NAME(`,
-    or for C++ linkage `__global__ void NAME(` (a qualified or templated NAME by its last name)."""
-    bounds = r"(?:__launch_bounds__\([^)]*\)\s+)?"
+    """The source defines the kernel with its declared linkage: `extern "C" __global__ void NAME(`
+    with the registry's parameter list written out literally (no macro-made names or lists), or
+    for C++ linkage `__global__ void NAME(` (a qualified or templated NAME by its last name; the
+    PTX check holds its parameter types)."""
+    return source_declaration(ref, text) is not None
+
+
+def source_declaration(ref: NativeSymbolRef, text: str) -> re.Match | None:
+    """Where the source declares `ref` (groups 1 and 2: a __launch_bounds__ before or after void)."""
+    bounds = r"(__launch_bounds__\([^)]*\) )?"
+    source = re.sub(r"\s+", " ", re.sub(r"\(\s+", "(", text))
     if ref.linkage == "C":
-        return re.search(rf'extern\s+"C"\s+__global__\s+{bounds}void\s+{bounds}{ref.symbol}\s*\(', text) is not None
+        params = re.escape(", ".join(ref.params))
+        return re.search(rf'extern "C" __global__ {bounds}void {bounds}{re.escape(ref.symbol)}\({params}\)', source)
     name = re.escape(re.sub(r"<.*>$", "", ref.symbol).split("::")[-1])
-    return re.search(rf"__global__\s+{bounds}void\s+{bounds}{name}\s*\(", text) is not None
+    return re.search(rf"__global__ {bounds}void {bounds}{name} ?\(", source)
 
 
 def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:
@@ -105,8 +122,13 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     for ref in refs:
         path = cuda_source_dir() / Path(ref.path).name
         if not _source_declares(ref, path.read_text(errors="replace")):
-            linkage = 'extern "C" __global__' if ref.linkage == "C" else "__global__ (C++ linkage)"
-            problems.append(f"{ref.symbol}: no {linkage} definition in {ref.path}")
+            if ref.linkage == "C":
+                problems.append(
+                    f'{ref.symbol}: no extern "C" __global__ definition with the declared parameters '
+                    f"({', '.join(ref.params)}) in {ref.path}"
+                )
+            else:
+                problems.append(f"{ref.symbol}: no __global__ (C++ linkage) definition in {ref.path}")
         for arch, result in compiled.items():
             if isinstance(result, CompileError):
                 continue
@@ -163,7 +185,40 @@ def _budget_item(budget: KernelBudget, symbols, builds: list[CompiledFile]) -> C
     )
 
 
-def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
+def fit_problems(launch, resources: dict, arch: str) -> list[str]:
+    """One launch on one arch against its compiled kernel: its threads times the kernel's registers
+    (allocated 8 at a time) within a multiprocessor's register file, static shared memory within
+    48 KiB and static plus dynamic within the arch's opt-in limit."""
+    r = resources.get(launch.symbol)
+    if r is None:
+        return []  # not a compiled kernel: plan_problems and ffi.symbols say so
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    problems = []
+    if threads * (-(-r.registers // 8) * 8) > REGISTERS_PER_SM:
+        problems.append(
+            f"{launch.symbol}: {threads} threads × {r.registers} registers exceed a multiprocessor's {REGISTERS_PER_SM}"
+        )
+    if r.shared_bytes > STATIC_SHARED_LIMIT or r.shared_bytes + launch.shared_bytes > DYNAMIC_SHARED_LIMIT[arch]:
+        problems.append(f"{launch.symbol}: {r.shared_bytes} + {launch.shared_bytes} bytes of shared memory")
+    return problems
+
+
+def read_problems(spec, arrays: dict, forward, backward) -> list[str]:
+    """A forward plan reads only the op's inputs; a backward plan only those, the forward's result
+    ("out") and the cotangent ("g")."""
+    names = set(flat_buffers({k: v for k, v in arrays.items() if k in {t.name for t in spec.inputs}}))
+    problems = []
+    read = {b.name for b in forward.buffers if b.role == "input"}
+    if not read <= names:
+        problems.append(f"forward: input buffers {sorted(read - names)} are not inputs of the op")
+    if backward is not None:
+        read = {b.name for b in backward.buffers if b.role == "input"}
+        if not read <= names | {"out", "g"}:
+            problems.append(f"backward: input buffers {sorted(read - names - {'out', 'g'})} are not the op's, out or g")
+    return problems
+
+
+def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = None) -> CheckItem:
     import numpy as np
 
     from capsule_core.ops import get_spec
@@ -186,6 +241,7 @@ def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
             directions.append(("bwd", backward_plan, grads))
         elif spec.has_vjp:
             problems.append("the op has a VJP but no backward plan")
+        made = {}
         for direction, function, outputs in directions:
             try:
                 plan = function(arrays, params)
@@ -193,11 +249,19 @@ def _plan_items(capsule: KernelCapsule, arches, sizes) -> CheckItem:
                 problems.append(f"{sample.case} {direction}: the plan function raised {type(exc).__name__}: {exc}")
                 continue
             plans += 1
+            made[direction] = plan
             for arch in arches:
                 problems += [f"{sample.case} {direction} {arch}: {p}" for p in plan_problems(plan, symbols, arch)]
+                for launch in plan.kernel_launches:
+                    problems += [
+                        f"{sample.case} {direction} {arch}: {p}"
+                        for p in fit_problems(launch, (resources or {}).get(arch, {}), arch)
+                    ]
             declared = {k: tuple(v) for k, v in plan.output_shapes.items()}
             if declared != {k: tuple(v) for k, v in outputs.items()}:
                 problems.append(f"{sample.case} {direction}: plan outputs {declared} != expected {outputs}")
+        if "fwd" in made:
+            problems += [f"{sample.case} {p}" for p in read_problems(spec, arrays, made["fwd"], made.get("bwd"))]
     status = Status.FAILED if problems else Status.PASSED
     return CheckItem(
         "launch.plan",
@@ -244,7 +308,8 @@ def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckR
             if problems:
                 results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
                 continue
-        items.append(_plan_items(capsule, arches, sizes))
+        resources = {a: b.resources for a, b in per_arch.items() if isinstance(b, CompiledFile)} if refs else {}
+        items.append(_plan_items(capsule, arches, sizes, resources))
         results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
     fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)
     cached = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and r.cached)
