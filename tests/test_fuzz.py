@@ -14,7 +14,7 @@ import pytest
 from mutants import LEGIT, MUTANTS
 from typer.testing import CliRunner
 
-from capsule_core.backends.execution import Run
+from capsule_core.backends.execution import BackendRun
 from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.catalog import registry
 from capsule_core.errors import ShapeError
@@ -114,7 +114,7 @@ class Unguarded(NumpyBackend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # complex inputs: numpy warns, the kernel just runs
             out.view.reshape(-1)[: np.size(y)] = np.asarray(y).reshape(-1)[: out.size]
-        return Run(inputs, 1)
+        return BackendRun(inputs, 1)
 
 
 def test_an_input_the_guard_refuses_must_be_refused_by_the_backend():

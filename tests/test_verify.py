@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from capsule_core.backends.execution import GUARD_ELEMENTS, SENTINEL, GuardedOutput, Run
+from capsule_core.backends.execution import GUARD_ELEMENTS, SENTINEL, BackendRun, GuardedOutput
 from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.catalog import registry
 from capsule_core.verify import engine
@@ -80,7 +80,7 @@ class WorkspaceOverrun(NumpyBackend):
 
     def backward(self, spec, inputs, params, g, grads):
         run = super().backward(spec, inputs, params, g, grads)
-        return Run(run.inputs_after, run.launches, {"partials": 3})
+        return BackendRun(run.inputs_after, run.launches, {"partials": 3})
 
 
 def test_bounds_catch_a_write_past_a_workspace():

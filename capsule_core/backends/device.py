@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from capsule_core import activity
-from capsule_core.backends.execution import GUARD, GUARD_ELEMENTS, GuardedOutput, Run
+from capsule_core.backends.execution import GUARD, GUARD_ELEMENTS, BackendRun, GuardedOutput
 from capsule_core.errors import CapsuleError
 from capsule_core.kernels.c_types import BUFFER_DTYPES, scalar_argument
 from capsule_core.kernels.launch import Copy, Memset, View, flat_buffers, parse_param
@@ -271,7 +271,7 @@ class DeviceBackend:
         for address in allocations:
             self.free(address)
 
-    def forward(self, spec, inputs, params, out: GuardedOutput) -> Run:
+    def forward(self, spec, inputs, params, out: GuardedOutput) -> BackendRun:
         from capsule_core.ops.base import validate
 
         arrays, p, _ = validate(spec, inputs, params, np.float32)
@@ -279,9 +279,9 @@ class DeviceBackend:
         plan = forward_plan(arrays, p)
         before = self.launch_count
         executed = self.execute(capsule, plan, flat_buffers(arrays), {"out": out})
-        return Run(_unflatten(executed.inputs_after, inputs), self.launch_count - before, executed.overruns)
+        return BackendRun(_unflatten(executed.inputs_after, inputs), self.launch_count - before, executed.overruns)
 
-    def backward(self, spec, inputs, params, g, grads) -> Run:
+    def backward(self, spec, inputs, params, g, grads) -> BackendRun:
         from capsule_core.ops.base import validate
 
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
@@ -299,7 +299,7 @@ class DeviceBackend:
         executed = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
         result = _unflatten(executed.inputs_after, inputs)
         result["g"] = executed.inputs_after.get("g", host["g"])
-        return Run(result, self.launch_count - before, {**overruns, **executed.overruns})
+        return BackendRun(result, self.launch_count - before, {**overruns, **executed.overruns})
 
 
 def _overruns(device: DeviceBackend, bands: list) -> dict:

@@ -56,7 +56,7 @@ class GuardedOutput:
 
 
 @dataclass(frozen=True)
-class Run:
+class BackendRun:
     """What a backend returns: the inputs as they were after the launch (device buffers read back),
     the number of kernel launches it made, and `overruns`: {buffer name: guard elements changed}
     for every guarded buffer other than the outputs (inputs, meta data, workspaces) that a kernel
@@ -71,7 +71,7 @@ class Backend(Protocol):
     name: str
     description: str
 
-    def forward(self, spec: OpSpec, inputs: dict, params: dict, out: GuardedOutput) -> Run: ...
+    def forward(self, spec: OpSpec, inputs: dict, params: dict, out: GuardedOutput) -> BackendRun: ...
 
     def backward(
         self,
@@ -80,7 +80,7 @@ class Backend(Protocol):
         params: dict,
         g: np.ndarray,
         grads: Mapping[str, GuardedOutput | tuple[GuardedOutput, ...]],
-    ) -> Run: ...
+    ) -> BackendRun: ...
 
 
 def gradient_outputs(spec: OpSpec, arrays: Mapping[str, object]) -> dict:

@@ -6,7 +6,7 @@ honest test of the tolerance models, and the CPU stand-in for the GPU in verify.
 
 from __future__ import annotations
 
-from capsule_core.backends.execution import Run
+from capsule_core.backends.execution import BackendRun
 from capsule_core.catalog.cpu_providers import NUMPY_F32
 
 
@@ -30,7 +30,7 @@ class NumpyBackend:
     def forward(self, spec, inputs, params, out):
         y = self.provider.forward(spec, inputs, **params)
         out.view[...] = y
-        return Run(inputs, 1)
+        return BackendRun(inputs, 1)
 
     def backward(self, spec, inputs, params, g, grads):
         result = self.provider.vjp(spec, inputs, g, **params)
@@ -40,4 +40,4 @@ class NumpyBackend:
                     t.view[...] = r
             else:
                 target.view[...] = result[name]
-        return Run(inputs, 1)
+        return BackendRun(inputs, 1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capsule_core.backends.execution import GUARD_ELEMENTS, Run
+from capsule_core.backends.execution import GUARD_ELEMENTS, BackendRun
 from capsule_core.backends.numpy_f32 import NumpyBackend
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import TINY
@@ -67,7 +67,7 @@ class MutantBackend(NumpyBackend):
         if self._post:
             y = self._post(self, y)
         self._write(out, y)
-        return Run(inputs, 1)
+        return BackendRun(inputs, 1)
 
     def backward(self, spec, inputs, params, g, grads):
         self.calls += 1
@@ -80,7 +80,7 @@ class MutantBackend(NumpyBackend):
                     self._write_grad(name, t, r)
                 else:
                     t.view[...] = r
-        return Run(inputs, 1)
+        return BackendRun(inputs, 1)
 
 
 @dataclass(frozen=True)
