@@ -52,6 +52,19 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def library_facts() -> list[Fact]:
+    """One fact per capsule library: its capsules and where it came from, or why it did not load."""
+    from capsule_core.catalog import registry
+
+    facts = [
+        Fact(f"library {lib.name}", f"{len(lib.capsules)} capsules ({lib.origin})", True)
+        for lib in registry.libraries()
+    ]
+    return facts + [
+        Fact(f"library {f.source}", f"did not load: {f.message}", False) for f in registry.library_failures()
+    ]
+
+
 def nvcc_rule(found_by: str) -> str:
     """Which discovery rule of capsule_core.kernels.nvcc.find_nvcc found nvcc, in words."""
     if found_by in ("CUDA_HOME", "CUDA_PATH"):
@@ -103,6 +116,7 @@ def examine() -> DoctorReport:
     gpus = "; ".join(f"#{d.index} {d.name} (sm {d.compute_capability}, {d.memory_gib:.0f} GiB)" for d in p.devices)
     facts.append(Fact("GPUs", gpus or (p.problem or "none"), bool(p.devices)))
     facts.append(Fact("cache folder", str(cache_dir()), True))
+    facts += library_facts()
     missing = {"nvcc": have_nvcc, "gpu": p.problem or "", "c++": have_compiler}
     commands = []
     for command, needs in NEEDS.items():

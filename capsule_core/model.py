@@ -81,6 +81,18 @@ class BackendOp(str, Enum):
 RANDOM_OPS = frozenset({BackendOp.RAND_UNIFORM, BackendOp.BERNOULLI_MASK})
 
 
+@dataclass(frozen=True)
+class LibraryOp:
+    """An op a capsule library defines itself, named "<library>.<op>" (TorchLean's BackendOp
+    holds only the built-in ones). It reads like a BackendOp: `.value` is its name."""
+
+    value: str
+    requires_vjp: bool = True
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class TrustLevel(str, Enum):
     CHECKED = "checked"
     """Every claim is backed by a runtime guard or a test suite of this project."""
@@ -170,17 +182,35 @@ class ContractEvidence:
 
 
 @dataclass(frozen=True)
+class BuildOptions:
+    """How a capsule library's sources are built: every translation unit of the library (built
+    together for the emulator), include folders, -D defines and extra nvcc flags, all part of the
+    build cache key. Absolute paths; `library` names the cache entries."""
+
+    library: str
+    sources: tuple[str, ...]
+    include_dirs: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
+    nvcc_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NativeSymbolRef:
-    """A kernel entry point: its source under cuda/, its symbol, its declared C parameter list
-    (the single source of the launch signature) and its linkage. `extern "C"` kernels are their
-    own PTX .entry; a kernel with C++ linkage is named as C++ writes it ("ns::rows_max",
-    "scale<float>") and found among the PTX entries by its demangled name."""
+    """A kernel entry point: its source file, its symbol, its declared C parameter list (the
+    single source of the launch signature), its linkage and how its library is built. A relative
+    path ("cuda/pointwise.cu") is a source shipped with capsules, an absolute one a library's.
+    `extern "C"` kernels are their own PTX .entry; a kernel with C++ linkage is named as C++ writes
+    it ("ns::rows_max", "scale<float>") and found among the PTX entries by its demangled name."""
 
     path: str
     symbol: str
     params: tuple[str, ...]
     linkage: str = "C"
     """"C" (extern "C") or "C++"."""
+    build: BuildOptions | None = None
+    """None: the file alone, with the shipped headers (each built-in family is one unit)."""
+    definition: str = ""
+    """Where the source defines the kernel ("csrc/cuda/softmax.cu:42"; "" when not looked up)."""
 
     def declaration(self) -> str:
         extern = 'extern "C" ' if self.linkage == "C" else ""
@@ -217,7 +247,7 @@ class KernelCapsule:
     """One kernel's identity and promises."""
 
     name: str
-    op: BackendOp
+    op: BackendOp | LibraryOp
     provider: Provider
     device: Device
     trust_level: TrustLevel
@@ -268,9 +298,9 @@ def contracts_aligned(capsule: KernelCapsule) -> bool:
 
 
 def same_identity(a: KernelCapsule, b: KernelCapsule) -> bool:
-    """Two capsules are the same kernel if they implement the same op for the same provider
-    and device: a catalog may hold at most one of them."""
-    return (a.op, a.provider, a.device) == (b.op, b.provider, b.device)
+    """Two capsules are the same kernel if one module (a library) implements the same op for the
+    same provider and device twice: a catalog may hold at most one of them."""
+    return (a.module, a.op, a.provider, a.device) == (b.module, b.op, b.provider, b.device)
 
 
 class AssurancePolicy(str, Enum):
@@ -288,14 +318,16 @@ class PreferenceKind(str, Enum):
 
 @dataclass(frozen=True)
 class ProviderPreference:
-    """TorchLean's provider preference: auto, prefer:PROVIDER (its capsules first) or only:PROVIDER."""
+    """TorchLean's provider preference: auto, prefer:PROVIDER (its capsules first) or
+    only:PROVIDER. A capsule library's name stands for a provider too (prefer:tinylib)."""
 
     kind: PreferenceKind = PreferenceKind.AUTO
     provider: Provider | None = None
+    library: str | None = None
 
     @classmethod
-    def parse(cls, text: str) -> ProviderPreference:
-        """'auto', 'prefer:<provider>' or 'only:<provider>'."""
+    def parse(cls, text: str, libraries: tuple[str, ...] = ()) -> ProviderPreference:
+        """'auto', 'prefer:<provider or library>' or 'only:<provider or library>'."""
         kind, _, provider = text.partition(":")
         try:
             k = PreferenceKind(kind)
@@ -307,14 +339,22 @@ class ProviderPreference:
             if provider:
                 raise ValueError(f"'auto' takes no provider, got {text!r}")
             return cls()
-        try:
+        if provider in {p.value for p in Provider}:
             return cls(k, Provider(provider))
-        except ValueError:
-            names = ", ".join(p.value for p in Provider)
-            raise ValueError(f"unknown provider {provider!r} in {text!r} (providers: {names})") from None
+        if provider in libraries:
+            return cls(k, library=provider)
+        names = ", ".join([p.value for p in Provider] + [n for n in libraries if n not in {p.value for p in Provider}])
+        raise ValueError(f"unknown provider {provider!r} in {text!r} (providers and libraries: {names})")
+
+    @property
+    def target(self) -> str | None:
+        return self.library or (self.provider.value if self.provider else None)
+
+    def matches(self, capsule: KernelCapsule) -> bool:
+        return capsule.module == self.library if self.library else capsule.provider is self.provider
 
     def __str__(self) -> str:
-        return self.kind.value if self.provider is None else f"{self.kind.value}:{self.provider.value}"
+        return self.kind.value if self.target is None else f"{self.kind.value}:{self.target}"
 
 
 @dataclass(frozen=True)
@@ -333,8 +373,9 @@ def refusal(policy: KernelPolicy, capsule: KernelCapsule) -> str | None:
     if capsule.device is not policy.device:
         return f"runs on {capsule.device.value}, the policy asks for {policy.device.value}"
     pref = policy.provider
-    if pref.kind is PreferenceKind.ONLY and capsule.provider is not pref.provider:
-        return f"provider {capsule.provider.value} is excluded by only:{pref.provider.value}"
+    if pref.kind is PreferenceKind.ONLY and not pref.matches(capsule):
+        which = f"library {capsule.module}" if pref.library else f"provider {capsule.provider.value}"
+        return f"{which} is excluded by only:{pref.target}"
     if policy.assurance is AssurancePolicy.CHECKED and capsule.trust_level is not TrustLevel.CHECKED:
         return f"trust level {capsule.trust_level.value} is below the checked assurance policy"
     if policy.require_vjp and capsule.op.requires_vjp and capsule.vjp_mode is VJPMode.NONE:
@@ -353,7 +394,7 @@ def admissible(policy: KernelPolicy, capsule: KernelCapsule) -> bool:
 def choose(policy: KernelPolicy, op: BackendOp, catalog) -> KernelCapsule | None:
     """TorchLean's chooseCapsuleFor: with `prefer`, that provider's capsules are searched
     first, then the catalog in order; the first admissible capsule for `op` wins."""
-    candidates = [c for c in catalog if c.op is op]
+    candidates = [c for c in catalog if c.op == op]
     if policy.provider.kind is PreferenceKind.PREFER:
-        candidates.sort(key=lambda c: c.provider is not policy.provider.provider)
+        candidates.sort(key=lambda c: not policy.provider.matches(c))
     return next((c for c in candidates if admissible(policy, c)), None)

@@ -14,7 +14,14 @@ from capsule_core.model import AssurancePolicy, Device, ReductionPolicy, VJPMode
 from cli.bench_command import bench
 from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar, write_reports
 from cli.fuzz_command import fuzz
-from cli.options import ArchOption, BackendOption, optional_option_values, unwritable_outputs
+from cli.options import (
+    LIBRARY_HELP,
+    ArchOption,
+    BackendOption,
+    load_libraries,
+    optional_option_values,
+    unwritable_outputs,
+)
 from cli.parallel_options import (
     DevicesOption,
     IsolateOption,
@@ -68,33 +75,41 @@ def root(
 
 @app.command("list")
 def list_command(
-    module: Annotated[Optional[str], typer.Option(help="Only this registry module: native_cuda or reference.")] = None,
+    module: Annotated[
+        Optional[str], typer.Option(help="Only this registry module: native_cuda, reference or a library's name.")
+    ] = None,
     family: Annotated[
         Optional[str], typer.Option(help="Only this kernel family (pointwise, softmax, conv_pool, ...).")
     ] = None,
     vjp: Annotated[Optional[VJPMode], typer.Option(help="Only this VJP mode.")] = None,
     reduction: Annotated[Optional[ReductionPolicy], typer.Option(help="Only this reduction policy.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
-    """One row per capsule: name, op, family, VJP mode, reduction policy, symbols.
+    """One row per capsule: name, library, op, family, VJP mode, reduction policy, symbols.
+
+    A library that did not load is named on stderr with the reason (exit 2 for a --library).
 
     Example: capsules list --module native_cuda --family softmax
     """
     from capsule_core.catalog import registry
     from capsule_core.render import report
 
+    code = load_libraries(library, keep_going=True)
     try:
         capsules = registry.filter_capsules(module, family, vjp, reduction)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     json_value = [report.capsule_record(c) for c in capsules] if fmt is Format.json else None
     typer.echo(report.render_rows(report.list_rows(capsules), fmt.value, json_value))
+    raise typer.Exit(code)
 
 
 @app.command()
 def show(
     name: Annotated[str, typer.Argument(help="A capsule name (native_cuda.relu) or an op name (relu).")],
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """Every field of one capsule, and its op's signature, tolerance and cost models.
 
@@ -109,22 +124,29 @@ def show(
     from capsule_core.check import describe
     from capsule_core.render import report
 
+    load_libraries(library)
     try:
         capsule = registry.lookup(name)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     details = describe.op_details(capsule.op.value)
     resources = describe.kernel_resources(capsule)
+    entries = describe.entry_names(capsule)
     if fmt is ShowFormat.json:
         typer.echo(
             json.dumps(
-                {**report.capsule_record(capsule), "op_details": details, "kernel_resources": resources},
+                {
+                    **report.capsule_record(capsule),
+                    "op_details": details,
+                    "kernel_resources": resources,
+                    "ptx_entries": entries,
+                },
                 indent=2,
                 ensure_ascii=False,
             )
         )
     else:
-        typer.echo(report.render_capsule(capsule, details, resources))
+        typer.echo(report.render_capsule(capsule, details, resources, entries))
 
 
 @app.command()
@@ -132,6 +154,7 @@ def export(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """The whole registry as versioned JSON (schema: docs/export-schema.md).
 
@@ -142,8 +165,9 @@ def export(
     from capsule_core.catalog import registry
     from capsule_core.render import report
 
+    load_libraries(library)
     text = json.dumps(
-        report.export_document(registry.CATALOG, registry.MODULES, __version__), indent=2, ensure_ascii=False
+        report.export_document(registry.catalog(), registry.modules(), __version__), indent=2, ensure_ascii=False
     )
     if output is None:
         typer.echo(text)
@@ -159,13 +183,15 @@ def select(
     op: Annotated[str, typer.Argument(help="An op name, e.g. sin.")],
     device: Annotated[Device, typer.Option(help="The device the program runs on.")] = Device.CUDA,
     provider: Annotated[
-        str, typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference).")
+        str,
+        typer.Option(help="auto, prefer:PROVIDER or only:PROVIDER (native_cuda, reference, or a library's name)."),
     ] = "auto",
     assurance: Annotated[
         AssurancePolicy, typer.Option(help="checked: only checked capsules; external: trusted-external too.")
     ] = AssurancePolicy.CHECKED,
     vjp: Annotated[bool, typer.Option("--vjp/--no-vjp", help="Require a VJP (for ops that have one).")] = True,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """TorchLean's planner: the capsule chosen for OP under a policy, and why the others were refused.
 
@@ -180,12 +206,13 @@ def select(
     from capsule_core.model import KernelPolicy, ProviderPreference
     from capsule_core.render import report
 
+    load_libraries(library)
     try:
         backend_op = registry.parse_op(op)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     try:
-        preference = ProviderPreference.parse(provider)
+        preference = ProviderPreference.parse(provider, tuple(lib.name for lib in registry.libraries()))
     except ValueError as exc:
         raise fail(f"--provider: {exc}", EXIT_USAGE)
     policy = KernelPolicy(device, preference, assurance, vjp)
@@ -199,13 +226,15 @@ def select(
 @app.command()
 def check(
     names: Annotated[
-        Optional[list[str]], typer.Argument(help="Capsule or op names (default: every native capsule).")
+        Optional[list[str]],
+        typer.Argument(help="Capsule, op or library names (default: every capsule of every loaded library)."),
     ] = None,
     arch: Annotated[
         Optional[list[ArchOption]],
         typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90)."),
     ] = None,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="text (tables) or json (for CI).")] = ShowFormat.text,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """Static contract checks, no GPU needed: symbols, PTX signatures, kernel budgets, launch plans.
 
@@ -219,17 +248,21 @@ def check(
     """
     import json
 
-    from capsule_core.catalog import native_cuda, registry
+    from capsule_core.catalog import registry
     from capsule_core.check import engine
     from capsule_core.render import report
 
+    load_libraries(library)
     try:
-        capsules = [registry.lookup(n) for n in names] if names else list(native_cuda.CAPSULES)
+        capsules = registry.lookup_many(names) if names else registry.kernel_capsules()
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
-    foreign = [c.name for c in capsules if c.module != "native_cuda"]
+    foreign = [c.name for c in capsules if not registry.launches_kernels(c)]
     if foreign:
-        raise fail(f"NAME: {', '.join(foreign)} launch no CUDA kernel; check takes native_cuda capsules", EXIT_USAGE)
+        raise fail(
+            f"NAME: {', '.join(foreign)} launch no CUDA kernel; check takes the capsules of a kernel library",
+            EXIT_USAGE,
+        )
     try:
         result = engine.check(capsules, tuple(a.value for a in arch) if arch else engine.ARCHES)
     except EnvironmentMissing as exc:
@@ -243,8 +276,10 @@ def check(
 
 @app.command()
 def verify(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
+    names: Annotated[
+        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
     backend: Annotated[
         BackendOption,
         typer.Option(
@@ -286,6 +321,7 @@ def verify(
             "cases of a full run under valgrind or TSan can need more).",
         ),
     ] = None,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """Check every contract claim of the named capsules on a backend.
 
@@ -299,12 +335,13 @@ def verify(
     import time as clock
 
     from capsule_core.backends.select import resolve
-    from capsule_core.catalog import native_cuda, registry
+    from capsule_core.catalog import registry
     from capsule_core.render import report
     from capsule_core.sanitize.engine import unavailable
     from capsule_core.verify import engine
     from capsule_core.verify.checks import ALL_CHECKS
 
+    load_libraries(library)
     if not names and not all_:
         raise fail("NAME: give capsule names or --all", EXIT_USAGE)
     unknown_checks = [c for c in check or () if c not in ALL_CHECKS]
@@ -322,7 +359,7 @@ def verify(
             )
         os.environ[TIMEOUT_ENV] = repr(sanitize_timeout)
     try:
-        capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
+        capsules = registry.kernel_capsules() if all_ else registry.lookup_many(names)
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     if case is not None:
@@ -428,10 +465,13 @@ def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tupl
 
 
 @app.command()
-def doctor():
+def doctor(
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+):
     """What this machine has, and which commands can run here.
 
-    Python and package versions, whether pycuda imports, nvcc, the driver and GPUs, the cache folder.
+    Python and package versions, whether pycuda imports, nvcc, the driver and GPUs, the cache
+    folder, and each capsule library (or why it did not load).
 
     Example: capsules doctor
     """
@@ -439,6 +479,7 @@ def doctor():
 
     from capsule_core import doctor as engine
 
+    code = load_libraries(library, keep_going=True)
     result = engine.examine()
     typer.echo(
         tabulate(
@@ -455,6 +496,7 @@ def doctor():
             tablefmt="simple",
         )
     )
+    raise typer.Exit(code)
 
 
 app.command()(bench)

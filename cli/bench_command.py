@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import unwritable_outputs
+from cli.options import LIBRARY_HELP, load_libraries, unwritable_outputs
 
 
 class BenchBackend(str, Enum):
@@ -26,8 +26,10 @@ class BaselineOption(str, Enum):
 
 
 def bench(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
+    names: Annotated[
+        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
     suite: Annotated[
         Optional[str],
         typer.Option(
@@ -85,6 +87,7 @@ def bench(
     ] = 0.5,
     warmup: Annotated[float, typer.Option(min=0.0, help="Warm-up per measurement, in milliseconds.")] = 25.0,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs.")] = 0,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """Time kernels: median and spread, GB/s and GFLOP/s, % of the device's measured peak, beside baselines.
 
@@ -104,6 +107,7 @@ def bench(
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar
 
+    load_libraries(library)
     chosen_suite, capsules = None, []
     if suite is not None:
         given = [
@@ -123,16 +127,17 @@ def bench(
     elif not names and not all_:
         raise fail("NAME: give capsule names, --all or --suite reference", EXIT_USAGE)
     else:
-        from capsule_core.catalog import native_cuda, registry
+        from capsule_core.catalog import registry
 
         try:
-            capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names]
+            capsules = registry.kernel_capsules() if all_ else registry.lookup_many(names)
         except UnknownNameError as exc:
             raise fail(str(exc), EXIT_USAGE)
-        foreign = [c.name for c in capsules if c.module != "native_cuda"]
+        foreign = [c.name for c in capsules if not registry.launches_kernels(c)]
         if foreign:
             raise fail(
-                f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes native_cuda capsules", EXIT_USAGE
+                f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes the capsules of a kernel library",
+                EXIT_USAGE,
             )
 
     from capsule_core.bench import engine

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import BackendOption, unwritable_outputs
+from cli.options import LIBRARY_HELP, BackendOption, load_libraries, unwritable_outputs
 from cli.parallel_options import (
     DevicesOption,
     IsolateOption,
@@ -27,8 +27,10 @@ DEFAULT_SAVE = Path("capsules-fuzz-failures")
 
 
 def fuzz(
-    names: Annotated[Optional[list[str]], typer.Argument(help="Capsule or op names.")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every native capsule.")] = False,
+    names: Annotated[
+        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
     backend: Annotated[
         BackendOption,
         typer.Option(
@@ -75,6 +77,7 @@ def fuzz(
     ray: RayOption = None,
     isolate: IsolateOption = None,
     launch_timeout: LaunchTimeoutOption = None,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """Search for contract violations with Hypothesis: shapes, parameters and values, invalid inputs included.
 
@@ -93,11 +96,12 @@ def fuzz(
     """
     import time as clock
 
-    from capsule_core.catalog import native_cuda, registry
+    from capsule_core.catalog import registry
     from capsule_core.errors import EnvironmentMissing, UnknownNameError
     from capsule_core.render import report
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
 
+    load_libraries(library)
     if replay is not None and (names or all_):
         raise fail("--replay: reruns the capsule its file names; give no NAME or --all with it", EXIT_USAGE)
     if replay is not None and (jobs or devices or ray):
@@ -111,7 +115,7 @@ def fuzz(
     if seed is not None and not 0 <= seed < 2**32:
         raise fail(f"--seed: must be in [0, 2**32), got {seed}", EXIT_USAGE)
     try:
-        capsules = list(native_cuda.CAPSULES) if all_ else [registry.lookup(n) for n in names or ()]
+        capsules = registry.kernel_capsules() if all_ else registry.lookup_many(names or ())
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     directory = save if save is not None else DEFAULT_SAVE

@@ -51,3 +51,31 @@ def optional_option_values(argv: list[str]) -> list[str]:
                 continue
         out.append(arg)
     return out
+
+
+LIBRARY_HELP = (
+    "Load a capsule library: its declaration (a .py file or a package folder). Repeatable; "
+    "the libraries of CAPSULES_LIBRARIES and of installed packages (entry points capsules.libraries) load too."
+)
+
+
+def load_libraries(paths, keep_going: bool = False) -> int:
+    """Load the --library declarations; say on stderr which library failed and why. A --library
+    that fails is a usage error (exit 2) unless `keep_going` (list, doctor: report and go on; the
+    caller exits with the code returned). Discovered libraries that fail are warnings."""
+    import typer
+
+    from capsule_core.catalog import registry
+    from cli.common import EXIT_OK, EXIT_USAGE, fail
+
+    failed = registry.use_libraries([str(p) for p in paths or ()])
+    for failure in registry.library_failures():
+        if failure not in failed:
+            typer.echo(f"capsules: warning: {failure.source} did not load: {failure.message}", err=True)
+    if not failed:
+        return EXIT_OK
+    if not keep_going:
+        raise fail("; ".join(f"{f.source}: {f.message}" for f in failed), EXIT_USAGE)
+    for failure in failed:
+        typer.echo(f"capsules: error: {failure.source}: {failure.message}", err=True)
+    return EXIT_USAGE

@@ -5,11 +5,12 @@ Kept light at import time: numpy, the registry of plans and nvcc load inside the
 """
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli.options import ArchOption
+from cli.options import LIBRARY_HELP, ArchOption, load_libraries
 
 
 class Direction(str, Enum):
@@ -18,7 +19,10 @@ class Direction(str, Enum):
 
 
 def plan(
-    op: Annotated[str, typer.Argument(help="An op name (softmax) or a native capsule name (native_cuda.softmax).")],
+    op: Annotated[
+        str,
+        typer.Argument(help="An op name (softmax) or a kernel capsule's name (native_cuda.softmax, tinylib.softmax)."),
+    ],
     inputs: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -46,6 +50,7 @@ def plan(
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (docs/plan-schema.md).")] = False,
+    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
 ):
     """The launches a shape gets, like a database's EXPLAIN; no GPU needed.
 
@@ -67,6 +72,7 @@ def plan(
     from capsule_core.render import plan as plan_report
     from cli.common import EXIT_USAGE, EXIT_VIOLATION, fail
 
+    load_libraries(library)
     try:
         _, spec = explain.resolve_op(op)
         shapes = explain.parse_inputs(spec, inputs or ())

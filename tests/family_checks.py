@@ -28,9 +28,9 @@ import numpy as np
 from capsule_core.catalog import registry
 from capsule_core.catalog.cpu_providers import REFERENCE
 from capsule_core.check.engine import (
+    budget_for,
     budget_problems,
     expected_ptx_type,
-    family_budget,
     fit_problems,
     read_problems,
     source_declaration,
@@ -49,17 +49,22 @@ SIZES = ("small", "medium", "large")
 
 
 def capsules(family: str):
-    return [c for c in registry.CATALOG if c.family == family and c.symbols]
+    return [c for c in registry.catalog() if c.family == family and c.symbols]
 
 
 def family_ops(family: str) -> set[str]:
     """The ops whose native capsule is in the family (with kernels or, like reshape, without)."""
-    return {c.op.value for c in registry.CATALOG if c.family == family and registry.lookup(c.op.value) is c}
+    return {c.op.value for c in registry.catalog() if c.family == family and registry.lookup(c.op.value) is c}
 
 
 def symbols(*ops: str) -> dict:
     """{symbol: NativeSymbolRef} of the ops' native capsules."""
     return {ref.symbol: ref for op in ops for ref in registry.lookup(op).symbols}
+
+
+def family_budget(family: str):
+    """The budget beside the family's plans (capsule_core/kernels/plans/<family>.py)."""
+    return budget_for(capsules(family)[0])
 
 
 def family_symbols(family: str) -> dict:
@@ -87,7 +92,7 @@ def build_problems(family: str, arch: str) -> list[str]:
     build = compiled(family)[arch]
     refs = family_symbols(family)
     resources = build.resources
-    problems = budget_problems(family_budget(family), build, resources)
+    problems = budget_problems(family_budget(family), build, refs.values())
     if set(resources) != set(refs):
         problems.append(
             f"{arch}: kernels not registered {sorted(set(resources) - set(refs))}, "

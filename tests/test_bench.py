@@ -335,10 +335,10 @@ class ToyDevice(bench.NumpyDevice):
         super().__init__()
         self.oom_ops, self.missing = oom_ops, missing
 
-    def unavailable(self, spec, direction="fwd"):
+    def unavailable(self, spec, direction="fwd", capsule=None):
         return "no launch plan: its kernels are not written yet" if spec.name in self.missing else None
 
-    def kernel_target(self, spec, arrays, params, cotangent=None):
+    def kernel_target(self, spec, arrays, params, cotangent=None, capsule=None):
         if spec.name in self.oom_ops:
             raise MemoryError("needs 10 GB of GPU memory for its buffers, 1 GB free")
         return Stream(forever([1e-4]))
@@ -406,7 +406,7 @@ def test_out_of_memory_while_resizing_is_a_skip(monkeypatch):
 
 def test_a_failing_kernel_is_an_error_and_exit_1():
     class Broken(ToyDevice):
-        def kernel_target(self, spec, arrays, params, cotangent=None):
+        def kernel_target(self, spec, arrays, params, cotangent=None, capsule=None):
             raise RuntimeError("illegal address")
 
     settings = bench.Settings(

@@ -131,7 +131,7 @@ class CallOnceDevice(ToyDevice):
         self.suite_limit = suite_limit
         self.calls = []
 
-    def kernel_target(self, spec, arrays, params, cotangent=None):
+    def kernel_target(self, spec, arrays, params, cotangent=None, capsule=None):
         bench.NumpyDevice.kernel_target(self, spec, arrays, params, cotangent).fn()
         self.calls.append((spec.name, "fwd" if cotangent is None else "bwd"))
         return Stream(forever([1e-4]))
@@ -223,7 +223,7 @@ def test_the_numpy_backend_skips_reference_cases_beyond_its_limit_without_making
 
 def test_a_device_without_a_backward_plan_skips_the_backward_cases():
     class ForwardOnly(CallOnceDevice):
-        def unavailable(self, spec, direction="fwd"):
+        def unavailable(self, spec, direction="fwd", capsule=None):
             return "no backward launch plan" if direction == "bwd" else None
 
     result = suite_run(device=ForwardOnly())

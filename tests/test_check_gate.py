@@ -8,11 +8,11 @@ import json
 import shutil
 
 import pytest
+from family_checks import family_budget
 from typer.testing import CliRunner
 
 from capsule_core.catalog import native_cuda
 from capsule_core.check import engine as check_engine
-from capsule_core.check.engine import family_budget
 from capsule_core.kernels import nvcc as kernels
 from capsule_core.kernels.nvcc import KernelBudget, KernelResources, register_budget
 from cli.app import app
@@ -103,7 +103,6 @@ def test_a_planted_unused_variable_fails_check_naming_the_warning(monkeypatch, t
     text = path.read_text()
     body = text.index("{", text.index("capsule_rand_uniform_fwd("))
     path.write_text(text[: body + 1] + "\n    int planted_unused = 0;" + text[body + 1 :])
-    monkeypatch.setattr(check_engine, "cuda_source_dir", lambda: sources)
     monkeypatch.setattr(kernels, "cuda_source_dir", lambda: sources)
     monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path / "cache"))
     result, doc = check_json("rand_uniform")
@@ -138,7 +137,6 @@ def test_show_prints_each_kernel_beside_its_budget(monkeypatch):
 def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_report(monkeypatch):
     """A crashing plan is a FAILED launch.plan in check and verify, and an ERROR of the dynamic
     checks on a device backend: never a traceback, never a lost report."""
-    from capsule_core.kernels import launch
     from capsule_core.kernels.plans import pointwise
 
     def crashing(arrays, params):
@@ -146,7 +144,6 @@ def test_a_plan_function_that_crashes_fails_launch_plan_and_verify_keeps_its_rep
 
     forward, backward = pointwise.PLANS["relu"]
     monkeypatch.setitem(pointwise.PLANS, "relu", (crashing, backward))
-    launch._family_plans.cache_clear()
     result, doc = check_json("relu")
     assert result.exit_code == 1
     item = next(i for i in doc["capsules"][0]["checks"] if i["id"] == "launch.plan")

@@ -30,7 +30,7 @@ def test_list_native_json_is_the_seed_catalog():
 
 
 @pytest.mark.parametrize(
-    "fmt, marker", [("table", "native_cuda.relu"), ("csv", "name,op,family"), ("markdown", "| name")]
+    "fmt, marker", [("table", "native_cuda.relu"), ("csv", "name,library,op,family"), ("markdown", "| name")]
 )
 def test_list_formats(fmt, marker):
     result = run("list", "--format", fmt)
@@ -41,7 +41,7 @@ def test_list_formats(fmt, marker):
 def test_list_filters_and_bad_filter():
     result = run("list", "--vjp", "none", "--module", "native_cuda", "--format", "csv")
     assert result.stdout.strip().splitlines()[1:] and all(
-        line.split(",")[1] in ("rand_uniform", "bernoulli_mask") for line in result.stdout.strip().splitlines()[1:]
+        line.split(",")[2] in ("rand_uniform", "bernoulli_mask") for line in result.stdout.strip().splitlines()[1:]
     )
     bad = run("list", "--module", "native_cudaa")
     assert bad.exit_code == 2 and "did you mean native_cuda" in bad.stderr

@@ -130,8 +130,8 @@ def test_compile_error_shows_nvccs_message_and_the_line(cache, source):
 
 
 def test_symbol_check_catches_renamed_symbols_and_wrong_widths(cache, source, monkeypatch):
-    monkeypatch.setattr(check_engine, "cuda_source_dir", lambda: source.parent)
-    compiled = {"sm_90": kernels.compile_file(source, "sm_90")}
+    monkeypatch.setattr(kernels, "cuda_source_dir", lambda: source.parent)
+    compiled = {DECLARED.path: {"sm_90": kernels.compile_file(source, "sm_90")}}
     assert check_engine._symbol_problems([DECLARED], compiled) == []
     renamed = NativeSymbolRef(DECLARED.path, "capsule_tiny_forward", DECLARED.params)
     problems = check_engine._symbol_problems([renamed], compiled)
@@ -453,15 +453,15 @@ def test_kernels_with_cpp_linkage_are_found_by_their_demangled_names(cache, tmp_
         "lib::count_positive(float const*, unsigned int*, unsigned int)",
     ]
     monkeypatch.setenv("CAPSULES_CUDA_DIR", str(folder))
-    assert check_engine._symbol_problems(CXX_REFS, {"sm_90": compiled}) == []
+    assert check_engine._symbol_problems(CXX_REFS, {"cuda/cxx.cu": {"sm_90": compiled}}) == []
     wrong = NativeSymbolRef(
         "cuda/cxx.cu", "lib::count_positive", ("const float* x", "unsigned int* count", "uint64_t n"), "C++"
     )
-    assert check_engine._symbol_problems((wrong,), {"sm_90": compiled}) == [
+    assert check_engine._symbol_problems((wrong,), {"cuda/cxx.cu": {"sm_90": compiled}}) == [
         "lib::count_positive (sm_90): parameter 2 `uint64_t n` should be .u64 in PTX, is .u32"
     ]
     as_c = NativeSymbolRef("cuda/cxx.cu", "lib::count_positive", CXX_REFS[1].params)
-    assert check_engine._symbol_problems((as_c,), {"sm_90": compiled})[0].startswith(
+    assert check_engine._symbol_problems((as_c,), {"cuda/cxx.cu": {"sm_90": compiled}})[0].startswith(
         'lib::count_positive: no extern "C" __global__ definition'
     )
 

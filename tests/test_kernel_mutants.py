@@ -98,11 +98,11 @@ def test_a_mutant_is_planted_in_a_copy_built_under_its_own_key():
     real = kernels.cuda_source_dir()
     before = _digest(real)
     compiler = emu.find_host_compiler()
-    driver = emu.dispatch_source(mutant.family, emu.family_refs(mutant.family))
-    real_key = emu.build_key(mutant.family, driver, compiler, emu.HOST_FLAGS, real)
+    driver = emu.dispatch_source(real / f"{mutant.family}.cu", emu.family_refs(mutant.family))
+    real_key = emu.build_key(real / f"{mutant.family}.cu", driver, compiler, emu.HOST_FLAGS)
     with mutated_sources(mutant) as folder:
         assert mutant.replacement in (folder / mutant.file).read_text()
-        assert emu.build_key(mutant.family, driver, compiler, emu.HOST_FLAGS, folder) != real_key
+        assert emu.build_key(folder / f"{mutant.family}.cu", driver, compiler, emu.HOST_FLAGS) != real_key
     assert _digest(real) == before
 
 

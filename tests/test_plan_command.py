@@ -257,7 +257,7 @@ def test_arch_sm_80_uses_its_rules_and_build(no_gpu):
 
 
 def test_without_nvcc_the_note_says_so_and_the_plan_still_shows(no_gpu, monkeypatch):
-    def no_nvcc(source, arch, nvcc=None):
+    def no_nvcc(source, arch, nvcc=None, build=None):
         raise EnvironmentMissing("nvcc not found (looked in PATH): install the CUDA toolkit or set CUDA_HOME")
 
     monkeypatch.setattr(explain, "compile_file", no_nvcc)

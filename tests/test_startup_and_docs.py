@@ -44,7 +44,7 @@ def test_help_first_line_names_every_command():
 def test_simple_table_is_tabulates_simple_format():
     from tabulate import tabulate
 
-    rows = report.list_rows(registry.CATALOG)
+    rows = report.list_rows(registry.catalog())
     assert report.simple_table(rows) == tabulate(rows, headers="keys", tablefmt="simple", disable_numparse=True)
 
 

@@ -144,15 +144,16 @@ class CudaBackend(DeviceBackend):
         from capsule_core.kernels.launch import parse_param
         from capsule_core.kernels.nvcc import compile_file, source_path
 
-        if ref.symbol not in self._functions:
-            compiled = compile_file(source_path(ref.path), self.arch)
+        key = (ref.path, ref.symbol)
+        if key not in self._functions:
+            compiled = compile_file(source_path(ref.path), self.arch, build=ref.build)
             if ref.path not in self._modules:
                 self._modules[ref.path] = self.drv.module_from_buffer(compiled.cubin)
             fn = self._modules[ref.path].get_function(compiled.entry_name(ref) or ref.symbol)
             params = [parse_param(p) for p in ref.params]
             fn.prepare("".join("P" if p.pointer else C_TYPES[p.ctype].prepare for p in params))
-            self._functions[ref.symbol] = (fn, params)
-        return self._functions[ref.symbol]
+            self._functions[key] = (fn, params)
+        return self._functions[key]
 
     # -- the device interface --------------------------------------------------------------
 

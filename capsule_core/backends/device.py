@@ -106,11 +106,21 @@ class DeviceBackend:
 
     # -- plans ---------------------------------------------------------------------------------
 
+    capsule = None
+    """The capsule whose kernels run the ops it implements (bind); other ops run the capsule
+    their name stands for (the built-in one)."""
+
+    def bind(self, capsule) -> None:
+        """Run `capsule`'s kernels for its op from now on (verify and fuzz bind the capsule they
+        check: a library's softmax, not the built-in one)."""
+        self.capsule = capsule
+
     def _plans(self, spec):
         from capsule_core.catalog.registry import lookup
         from capsule_core.kernels.launch import plan_functions
 
-        capsule = lookup(spec.name)
+        bound = self.capsule
+        capsule = bound if bound is not None and bound.op.value == spec.name else lookup(spec.name)
         functions = plan_functions(capsule)
         if functions is None:
             raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")

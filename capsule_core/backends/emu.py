@@ -1,8 +1,9 @@
 """The emu backend: the kernels themselves on the CPU (design §8).
 
-Each family's cuda/<family>.cu is compiled unchanged by the host C++ compiler against
-cuda/capsule_emu.h (forced in first), with a generated table `capsule_emu_run(symbol, dims, args)`
-of the family's registered entry points, into a shared library loaded with ctypes. Builds are
+Each translation unit (a family's cuda/<family>.cu, each .cu of a capsule library) is compiled
+unchanged by the host C++ compiler against cuda/capsule_emu.h (forced in first), with a generated
+table `capsule_emu_run(symbol, dims, args)` of its declared entry points, into a shared library
+loaded with ctypes. Builds are
 cached by content hash (sources, includes, the emulator header, the table, compiler and version,
 flags) beside the cubins, written atomically. Device memory is host memory: allocations are
 256-byte aligned and start as a NaN pattern (a GPU gives stale bits, never zeros).
@@ -116,13 +117,14 @@ def _argument(param, index: int) -> str:
     return f"static_cast<{param.ctype}>(a[{index}])"
 
 
-def dispatch_source(family: str, refs) -> str:
-    """The generated table of a family: capsule_emu_run(symbol, dims[7], args) launches one entry
-    point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol)."""
+def dispatch_source(source: Path, refs) -> str:
+    """The generated table of a translation unit: capsule_emu_run(symbol, dims[7], args) launches
+    one entry point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol). A symbol is
+    named as the declaration names it, so a C++ kernel ("lib::scale<float>") is called as C++ does."""
     from capsule_core.kernels.launch import parse_param
 
     lines = [
-        f'#include "{family}.cu"',
+        f'#include "{source}"',
         "",
         'extern "C" int capsule_emu_run(const char* symbol, const unsigned* d, const uint64_t* a) {',
         "    const dim3 grid{d[0], d[1], d[2]}, block{d[3], d[4], d[5]};",
@@ -157,29 +159,53 @@ def dispatch_source(family: str, refs) -> str:
 
 
 def emulated_families() -> list[str]:
-    """The kernel families (cuda/<family>.cu) behind the native capsules: what emu runs."""
+    """The translation units (cuda/<family>.cu, a library's .cu files) behind the loaded capsules: what emu runs."""
     from capsule_core.catalog import registry
 
-    return sorted({Path(ref.path).stem for c in registry.CATALOG for ref in c.symbols})
+    return sorted({Path(ref.path).stem for c in registry.kernel_capsules() for ref in c.symbols})
 
 
-def family_refs(family: str) -> list:
+def unit_source(ref, family_dir: Path | None = None) -> Path:
+    """The translation unit that defines `ref`: a library's file, or the shipped family file
+    (from `family_dir` when given: a patched copy of cuda/)."""
+    from capsule_core.kernels.nvcc import source_path
+
+    if family_dir is not None and not Path(ref.path).is_absolute():
+        return Path(family_dir) / Path(ref.path).name
+    return source_path(ref.path)
+
+
+def unit_refs(source: Path) -> tuple:
+    """Every loaded kernel defined in the translation unit `source`."""
     from capsule_core.catalog import registry
 
     seen = {}
-    for capsule in registry.CATALOG:
-        if capsule.family == family:
-            for ref in capsule.symbols:
+    for capsule in registry.kernel_capsules():
+        for ref in capsule.symbols:
+            if unit_source(ref) == source:
                 seen[ref.symbol] = ref
-    return list(seen.values())
+    return tuple(seen.values())
 
 
-def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str, ...], family_dir: Path) -> str:
-    from capsule_core.kernels.nvcc import content_key, cuda_source_dir, source_closure
+def family_refs(family: str) -> tuple:
+    """The kernels of the shipped cuda/<family>.cu."""
+    from capsule_core.kernels.nvcc import cuda_source_dir
+
+    return unit_refs(cuda_source_dir() / f"{family}.cu")
+
+
+def _include_flags(source: Path, build) -> list[str]:
+    from capsule_core.kernels.nvcc import build_flags, cuda_source_dir
+
+    return ["-I", str(source.parent), "-I", str(cuda_source_dir()), *build_flags(build)]
+
+
+def build_key(source: Path, driver: str, compiler: HostCompiler, flags: tuple[str, ...], build=None) -> str:
+    from capsule_core.kernels.nvcc import build_flags, content_key, cuda_source_dir, source_closure
 
     source_dir = cuda_source_dir()
     paths = (
-        set(source_closure(family_dir / f"{family}.cu"))
+        set(source_closure(source, build.include_dirs if build else ()))
         | set(source_closure(source_dir / EMULATOR_HEADER))
         | {source_dir / LINKER_SCRIPT}
     )
@@ -187,7 +213,7 @@ def build_key(family: str, driver: str, compiler: HostCompiler, flags: tuple[str
         paths.add(source_dir / "capsule_emu_runner.h")
     return content_key(
         f"format={BUILD_FORMAT}\ncompiler={compiler.path}\nversion={compiler.version}\n"
-        f"flags={' '.join(flags)}\n{driver}",
+        f"flags={' '.join(flags + tuple(build_flags(build)))}\n{driver}",
         paths,
     )
 
@@ -199,38 +225,35 @@ class EmuBuild:
     cached: bool
 
 
-def build_family(
-    family: str,
+def build_unit(
+    source: Path,
+    refs=None,
+    build=None,
     flags: tuple[str, ...] = HOST_FLAGS,
     extra_source: str = "",
     output: str = "libfamily.so",
-    family_dir: Path | None = None,
-    refs=None,
 ) -> EmuBuild:
-    """cuda/<family>.cu built for the CPU with its dispatch table (plus `extra_source`, e.g. a
-    runner's main), from the build cache (kernels.nvcc.cached_build: atomic, checksummed, a damaged
-    entry rebuilt) when an intact build is there. `family_dir` and
-    `refs`: another folder's <family>.cu and its entry points (kernels that are not the registry's,
-    e.g. planted defects in tests), built against this package's emulator and headers."""
+    """One translation unit (a shipped cuda/<family>.cu or a library's .cu, with the library's
+    include folders and defines) built for the CPU with its dispatch table (plus `extra_source`,
+    e.g. a runner's main), from the build cache (kernels.nvcc.cached_build: atomic, checksummed,
+    a damaged entry rebuilt) when an intact build is there. `refs`: its entry points (default:
+    every loaded kernel it defines)."""
     from capsule_core.kernels.nvcc import cached_build, cuda_source_dir
 
     compiler = find_host_compiler()
-    family_dir = Path(family_dir) if family_dir else cuda_source_dir()
-    driver = dispatch_source(family, refs if refs is not None else family_refs(family)) + extra_source
-    key = build_key(family, driver, compiler, flags, family_dir)
+    source = Path(source)
+    driver = dispatch_source(source, refs if refs is not None else unit_refs(source)) + extra_source
+    key = build_key(source, driver, compiler, flags, build)
     source_dir = cuda_source_dir()
 
-    def build(out: Path, work: Path):
+    def make(out: Path, work: Path):
         (out / "dispatch.cpp").write_text(driver)
         cmd = [
             str(compiler.path),
             *flags,
             "-include",
             str(source_dir / EMULATOR_HEADER),
-            "-I",
-            str(family_dir),
-            "-I",
-            str(source_dir),
+            *_include_flags(source, build),
             "-o",
             str(out / output),
             str(out / "dispatch.cpp"),
@@ -239,17 +262,28 @@ def build_family(
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise EmuBuildError(
-                f"the emulator build of cuda/{family}.cu failed ({compiler.path.name}):\n"
+                f"the emulator build of {source.name} failed ({compiler.path.name}):\n"
                 f"{result.stderr.strip()[:4000]}\ncommand: {' '.join(cmd)}"
             )
 
-    entry, cached = cached_build("emu", f"{family}-{key}", (output,), build)
-    return EmuBuild(family, entry / output, cached)
+    entry, cached = cached_build("emu", f"{source.stem}-{key}", (output,), make)
+    return EmuBuild(source.stem, entry / output, cached)
+
+
+def build_family(
+    family: str, flags: tuple[str, ...] = HOST_FLAGS, family_dir: Path | None = None, refs=None
+) -> EmuBuild:
+    """The shipped cuda/<family>.cu (or `family_dir`'s copy, with `refs`: kernels that are not
+    the registry's, e.g. planted defects) built for the emulator."""
+    from capsule_core.kernels.nvcc import cuda_source_dir
+
+    source = Path(family_dir or cuda_source_dir()) / f"{family}.cu"
+    return build_unit(source, refs if refs is not None else family_refs(family), flags=flags)
 
 
 @lru_cache(maxsize=None)
-def load_family(family: str, family_dir: Path | None = None, refs: tuple | None = None) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_family(family, family_dir=family_dir, refs=refs).path))
+def load_unit(source: Path, build=None, refs: tuple | None = None) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build_unit(source, refs, build).path))
     lib.capsule_emu_run.restype = ctypes.c_int
     lib.capsule_emu_run.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint64)]
     lib.capsule_emu_error.restype = ctypes.c_char_p
@@ -387,8 +421,9 @@ class EmuBackend(DeviceBackend):
         ctypes.memmove(destination, source, nbytes)
 
     def launch(self, ref, grid, block, shared_bytes, args):
-        family = Path(ref.path).stem
-        lib = load_family(family, self.family_dir, self.refs)
+        source = unit_source(ref, self.family_dir)
+        family = source.stem
+        lib = load_unit(source, ref.build, self.refs if self.refs is not None else unit_refs(unit_source(ref)))
         lib.capsule_emu_set_launch_timeout(ctypes.c_double(self.launch_timeout))
         lib.capsule_emu_set_order(SCHEDULES.index(self.order), self.order_seed)
         dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))

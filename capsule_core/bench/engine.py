@@ -308,11 +308,11 @@ class NumpyDevice:
     def free_bytes(self) -> int | None:
         return host_available_bytes()
 
-    def unavailable(self, spec: OpSpec, direction: str = "fwd") -> str | None:
+    def unavailable(self, spec: OpSpec, direction: str = "fwd", capsule=None) -> str | None:
         """Why this device has nothing to time for the op in this direction (None: it has)."""
         return None
 
-    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None):
+    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None, capsule=None):
         """The forward call, or with a cotangent the VJP at it (the forward's y made beforehand)."""
         p = working_params(params, np.float32)
         if cotangent is None:
@@ -390,26 +390,27 @@ class CudaDevice:
         return self.gpu.free_bytes()
 
     @staticmethod
-    def _plans(spec: OpSpec):
+    def _plans(spec: OpSpec, capsule=None):
+        """The capsule timed (the built-in one of the op unless another is given) and its plans."""
         from capsule_core.catalog.registry import lookup
         from capsule_core.kernels.launch import plan_functions
 
-        capsule = lookup(f"native_cuda.{spec.name}")
+        capsule = capsule or lookup(spec.name)
         return capsule, plan_functions(capsule)
 
-    def unavailable(self, spec: OpSpec, direction: str = "fwd") -> str | None:
+    def unavailable(self, spec: OpSpec, direction: str = "fwd", capsule=None) -> str | None:
         """Checked before any sample is made: an op without launch plans costs nothing to skip."""
-        functions = self._plans(spec)[1]
+        functions = self._plans(spec, capsule)[1]
         if functions is None:
             return "no launch plan: its kernels are not written yet"
         if direction == "bwd" and functions[1] is None:
             return "no backward launch plan"
         return None
 
-    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None):
+    def kernel_target(self, spec: OpSpec, arrays: dict, params: dict, cotangent=None, capsule=None):
         """The forward plan, or with a cotangent the backward plan (given the forward's y on the
         host where it reads it)."""
-        capsule, functions = self._plans(spec)
+        capsule, functions = self._plans(spec, capsule)
         if functions is None:
             raise NoKernel("no launch plan: its kernels are not written yet")
         host = flat_buffers(arrays)
@@ -906,7 +907,10 @@ def _sized_workload(capsule, settings: Settings, target_bytes: int | None) -> Wo
         named = settings.size.samples
         return spec.samples(named, seeded_rng(spec.name, f"bench-{named}", settings.seed))
 
-    return Workload(spec, capsule, spec.name, "fwd", drawn, lambda: _samples(spec, settings, target_bytes))
+    from capsule_core.catalog.registry import short_name
+
+    label = short_name(capsule)
+    return Workload(spec, capsule, label, "fwd", drawn, lambda: _samples(spec, settings, target_bytes))
 
 
 def _suite_workload(case, device, settings: Settings) -> Workload:
@@ -938,9 +942,7 @@ def _suite_workload(case, device, settings: Settings) -> Workload:
             return
         yield sample, "", None
 
-    return Workload(
-        spec, lookup(f"native_cuda.{case.op}"), case.name, case.direction, lambda: [case.stand_in()], prepared
-    )
+    return Workload(spec, lookup(case.op), case.name, case.direction, lambda: [case.stand_in()], prepared)
 
 
 def run(
@@ -1023,7 +1025,7 @@ def _run(
             missing = (
                 f"not run: the CUDA context was lost ({poisoned})"
                 if poisoned
-                else device.unavailable(w.spec, w.direction)
+                else device.unavailable(w.spec, w.direction, capsule=w.capsule)
             )
             if missing:  # skipped as drawn, without resizing
                 report.cases += [_skipped(w, s, missing) for s in w.drawn()]
@@ -1130,7 +1132,7 @@ def _bench_case(w: Workload, sample, note, failure, device, settings, peaks) -> 
         if result.cost.bytes == 0 and result.cost.flops == 0:
             result.reason = "moves no bytes and computes nothing: no kernel to time"
             return result, None
-        target = device.kernel_target(spec, arrays, params, g)
+        target = device.kernel_target(spec, arrays, params, g, capsule=w.capsule)
     except NoKernel as exc:
         result.reason = str(exc)
         return result, None

@@ -10,25 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capsule_core.catalog.library import Library, kernel_capsule
 from capsule_core.model import (
-    LAYOUT_CLAIMS,
     BackendOp,
     ContractClaim,
-    ContractDescriptor,
-    ContractEvidence,
-    Device,
     KernelCapsule,
     NativeSymbolRef,
-    NumericalPolicy,
     Provider,
     ReductionPolicy,
     TensorLayout,
-    TrustLevel,
     VJPMode,
 )
 
-SHAPE_GUARD = "capsule_core.ops.base.validate"
-LAYOUT_GUARD = "capsule_core.ops.base.as_input_arrays"
+LIBRARY_NAME = Provider.NATIVE_CUDA.value
 
 # C parameter lists, shared by the kernels of a family.
 _N = ("int64_t n",)
@@ -579,58 +573,21 @@ def _capsule(
     policy_note: str | None = None,
 ) -> KernelCapsule:
     spec = _OPS[op]
-    fwd, bwd = _symbols(op, "fwd"), _symbols(op, "bwd")
-    no_vjp = vjp_mode is VJPMode.NONE
-    return KernelCapsule(
-        name=f"{Provider.NATIVE_CUDA.value}.{name}",
-        op=op,
-        provider=Provider.NATIVE_CUDA,
-        device=Device.CUDA,
-        trust_level=TrustLevel.CHECKED,
-        supports_forward=True,
-        vjp_mode=vjp_mode,
-        layout=spec.layout,
-        shape=ContractDescriptor(
-            ContractClaim.SHAPE_CHECKED,
-            "Shapes and parameters are checked on the host before any launch.",
-            ContractEvidence.runtime_guard(SHAPE_GUARD),
-            fwd,
-        ),
-        layout_contract=ContractDescriptor(
-            LAYOUT_CLAIMS[spec.layout], _LAYOUT_SUMMARY[spec.layout], ContractEvidence.runtime_guard(LAYOUT_GUARD), fwd
-        ),
-        value=ContractDescriptor(
-            value_claim,
-            value_summary,
-            ContractEvidence.test_suite(
-                "verify:rng" if value_claim is ContractClaim.VALUE_SEEDED_STREAM else "verify:value"
-            ),
-            fwd,
-        ),
-        vjp=ContractDescriptor(
-            ContractClaim.VJP_UNAVAILABLE if no_vjp else ContractClaim.VJP_MATCHES_REFERENCE,
-            vjp_summary,
-            ContractEvidence.not_applicable() if no_vjp else ContractEvidence.test_suite("verify:vjp"),
-            bwd,
-        ),
-        numerical_policy=NumericalPolicy(reduction, policy_note or _POLICY_NOTE[reduction]),
+    return kernel_capsule(
+        LIBRARY_NAME,
+        op,
+        _symbols(op, "fwd"),
+        _symbols(op, "bwd"),
+        value_summary=value_summary,
+        vjp_summary=vjp_summary,
         description=spec.description,
         family=spec.family,
+        vjp_mode=vjp_mode,
+        reduction=reduction,
+        layout=spec.layout,
+        value_claim=value_claim,
+        policy_note=policy_note,
     )
-
-
-_LAYOUT_SUMMARY = {
-    TensorLayout.FLAT_ROW_MAJOR: "Contiguous flat row-major float32 buffers, last axis fastest.",
-    TensorLayout.CHANNEL_FIRST: "Contiguous flat row-major (N, C, *spatial) float32 buffers.",
-    TensorLayout.ALIAS: "The output aliases the input buffer; only the shape changes.",
-}
-
-_POLICY_NOTE = {
-    ReductionPolicy.NOT_APPLICABLE: "no reduction",
-    ReductionPolicy.IMPLEMENTATION_DEFINED: "the summation tree and order are chosen by the kernel; "
-    "values are held to the order-free bound",
-    ReductionPolicy.FIXED_LEFT: "bitwise a float32 left fold",
-}
 
 
 # -- the seed's eight builders -------------------------------------------------------------
@@ -761,3 +718,21 @@ CAPSULES: tuple[KernelCapsule, ...] = (
 
 FAMILIES = {op.value: spec.family for op, spec in _OPS.items()}
 """Op name to kernel family (the cuda/<family>.cu file and the ops/<family>.py module)."""
+
+
+def _family_plans(capsule: KernelCapsule):
+    """capsule_core/kernels/plans/<family>.py: the family's PLANS and BUDGET (None before its kernels exist)."""
+    import importlib
+
+    module = f"capsule_core.kernels.plans.{capsule.family}"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
+
+
+LIBRARY = Library(LIBRARY_NAME, "built-in", CAPSULES, _family_plans)
+"""The 46 capsules as the first capsule library: kernels in cuda/<family>.cu, plans and budgets in
+capsule_core/kernels/plans/<family>.py."""

@@ -1,17 +1,22 @@
-"""The catalog: the native CUDA capsules and their CPU reference twins, validated on load.
-Lookup by capsule or op name with did-you-mean, filters, and TorchLean's planner."""
+"""The catalog: the capsule libraries (the built-in native CUDA capsules first, then those found
+by discovery or named by --library) and the CPU reference twins, validated on load. Lookup by
+capsule or op name with did-you-mean, filters, and TorchLean's planner."""
 
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from capsule_core.catalog import native_cuda, reference
+from capsule_core.catalog.library import Library, LibraryError, load_entry_point, load_path
 from capsule_core.errors import RegistryError, UnknownNameError
 from capsule_core.model import (
     BackendOp,
     KernelCapsule,
     KernelPolicy,
+    LibraryOp,
     ReductionPolicy,
     VJPMode,
     choose,
@@ -20,21 +25,15 @@ from capsule_core.model import (
     same_identity,
 )
 
-MODULES: dict[str, tuple[KernelCapsule, ...]] = {
-    "native_cuda": native_cuda.CAPSULES,
-    "reference": reference.CAPSULES,
-}
-"""Registry modules in catalog order, named as TorchLean names them."""
-
 
 def validate_catalog(capsules) -> tuple[KernelCapsule, ...]:
-    """Unique names, unique identities (op, provider, device), aligned contracts; else RegistryError."""
+    """Unique names, unique identities (module, op, provider, device), aligned contracts; else RegistryError."""
     names: set[str] = set()
     identities: dict[tuple, KernelCapsule] = {}
     for c in capsules:
         if c.name in names:
             raise RegistryError(f"capsule name {c.name!r} is registered twice")
-        key = (c.op, c.provider, c.device)
+        key = (c.module, c.op, c.provider, c.device)
         twin = identities.get(key)
         if twin is not None and same_identity(twin, c):
             raise RegistryError(
@@ -50,28 +49,190 @@ def validate_catalog(capsules) -> tuple[KernelCapsule, ...]:
     return tuple(capsules)
 
 
-CATALOG: tuple[KernelCapsule, ...] = validate_catalog([c for m in MODULES.values() for c in m])
-_BY_NAME = {c.name: c for c in CATALOG}
-_NATIVE_BY_OP = {c.op.value: c for c in native_cuda.CAPSULES}
+LIBRARIES_ENV = "CAPSULES_LIBRARIES"
+"""Capsule library declarations to load, an os.pathsep-separated list of .py files or folders."""
+ENTRY_POINT_GROUP = "capsules.libraries"
+"""Installed packages declare their libraries here: `tinylib = "tinylib.capsules:LIBRARY"`."""
+
+
+@dataclass(frozen=True)
+class LibraryFailure:
+    """A library that did not load: where it came from and why (the message names the line)."""
+
+    source: str
+    message: str
+
+
+class _Libraries:
+    """The libraries of this process: the built-in one, those found by discovery (the entry
+    point group and CAPSULES_LIBRARIES, once, on first use) and those added by --library."""
+
+    def __init__(self):
+        self.loaded: list[Library] = []
+        self.failures: list[LibraryFailure] = []
+        self.paths: list[str] = []
+        self.discovered = False
+        self.catalog: tuple[KernelCapsule, ...] | None = None
+
+    def discover(self):
+        if self.discovered:
+            return
+        self.discovered = True
+        for path in filter(None, os.environ.get(LIBRARIES_ENV, "").split(os.pathsep)):
+            self._add(path, f"{LIBRARIES_ENV} entry {path}", lambda p=path: load_path(p))
+        from importlib.metadata import entry_points
+
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            self._add(entry.value, f"entry point {entry.name}", lambda e=entry: load_entry_point(e))
+
+    def add_paths(self, paths) -> list[LibraryFailure]:
+        self.discover()
+        failures = []
+        for path in paths:
+            failure = self._add(path, f"--library {path}", lambda p=path: load_path(p))
+            if failure is None:
+                self.paths.append(str(Path(path).resolve()))
+            else:
+                failures.append(failure)
+        return failures
+
+    def _add(self, key: str, source: str, load) -> LibraryFailure | None:
+        resolved = str(Path(key).resolve()) if os.sep in key or key.endswith(".py") else key
+        if any(lib.path is not None and str(lib.path) == resolved for lib in self.loaded):
+            return None
+        try:
+            library = load()
+            taken = {lib.name: lib.origin for lib in (*BUILT_IN, *self.loaded)}
+            if library.name in taken:
+                raise LibraryError(f"library {library.name} is already loaded (from {taken[library.name]})")
+            validate_catalog([c for lib in (*BUILT_IN, *self.loaded, library) for c in lib.capsules])
+        except (LibraryError, RegistryError) as exc:
+            failure = LibraryFailure(source, str(exc))
+            self.failures.append(failure)
+            return failure
+        if library.specs:
+            from capsule_core.ops import register_spec
+
+            for spec in library.specs.values():
+                register_spec(spec)
+        self.loaded.append(library)
+        self.catalog = None
+        return None
+
+
+BUILT_IN: tuple[Library, ...] = (native_cuda.LIBRARY,)
+_STATE = _Libraries()
+
+
+def use_libraries(paths) -> list[LibraryFailure]:
+    """Load the libraries declared at `paths` (--library) beside the discovered ones; the
+    failures, each naming the library and the line (the libraries that loaded stay)."""
+    return _STATE.add_paths(paths)
+
+
+def libraries() -> tuple[Library, ...]:
+    """Every library of this process, the built-in one first."""
+    _STATE.discover()
+    return (*BUILT_IN, *_STATE.loaded)
+
+
+def library_failures() -> tuple[LibraryFailure, ...]:
+    _STATE.discover()
+    return tuple(_STATE.failures)
+
+
+def library_paths() -> tuple[str, ...]:
+    """The declarations added by --library: what a worker process loads again."""
+    return tuple(_STATE.paths)
+
+
+def modules() -> dict[str, tuple[KernelCapsule, ...]]:
+    """Registry modules in catalog order: the built-in capsules, their CPU reference twins, then
+    each library's capsules."""
+    libs = libraries()
+    return {
+        libs[0].name: libs[0].capsules,
+        "reference": reference.CAPSULES,
+        **{lib.name: lib.capsules for lib in libs[1:]},
+    }
+
+
+def catalog() -> tuple[KernelCapsule, ...]:
+    """Every capsule of every module, validated."""
+    _STATE.discover()
+    if _STATE.catalog is None:
+        _STATE.catalog = validate_catalog([c for m in modules().values() for c in m])
+    return _STATE.catalog
+
+
+def kernel_capsules() -> list[KernelCapsule]:
+    """The capsules that launch CUDA kernels (every library's): what --all means."""
+    return [c for lib in libraries() for c in lib.capsules]
+
+
+def library_of(capsule: KernelCapsule) -> Library | None:
+    """The library that declares `capsule` (None for a CPU reference twin)."""
+    return next((lib for lib in libraries() if lib.name == capsule.module), None)
+
+
+def launches_kernels(capsule: KernelCapsule) -> bool:
+    return library_of(capsule) is not None
 
 
 def lookup(name: str) -> KernelCapsule:
-    """A capsule by its name (`native_cuda.relu`) or an op name (`relu`, the native capsule)."""
-    if name in _BY_NAME:
-        return _BY_NAME[name]
-    if name in _NATIVE_BY_OP:
-        return _NATIVE_BY_OP[name]
-    choices = list(_NATIVE_BY_OP) + list(_BY_NAME)
-    raise UnknownNameError("capsule", name, tuple(difflib.get_close_matches(name, choices, n=3, cutoff=0.6)))
+    """A capsule by its name (`native_cuda.relu`, `tinylib.softmax`) or an op name (`relu`, the
+    built-in capsule)."""
+    by_name = {c.name: c for c in catalog()}
+    if name in by_name:
+        return by_name[name]
+    built_in = {c.op.value: c for c in BUILT_IN[0].capsules}
+    if name in built_in:
+        return built_in[name]
+    choices = list(built_in) + list(by_name)
+    hint = next((f.message for f in library_failures() if name.split(".")[0] in f.message), None)
+    error = UnknownNameError("capsule", name, tuple(difflib.get_close_matches(name, choices, n=3, cutoff=0.6)))
+    if hint:
+        error.args = (f"{error.args[0]} (a library failed to load: {hint})",)
+    raise error
 
 
-def parse_op(name: str) -> BackendOp:
+def short_name(capsule: KernelCapsule) -> str:
+    """The shortest name lookup takes back to `capsule`: its op's for the capsule an op name
+    stands for (the built-in one), else its full name."""
+    built_in = {c.op.value: c for c in BUILT_IN[0].capsules}
+    return capsule.op.value if built_in.get(capsule.op.value) is capsule else capsule.name
+
+
+def library_option(capsule: KernelCapsule) -> str:
+    """ " --library PATH" for a capsule whose library a --library loaded (relative to the working
+    folder when inside it), "" for any other: what a rerun line needs."""
+    library = library_of(capsule)
+    if library is None or library.path is None or str(library.path) not in _STATE.paths:
+        return ""
     try:
-        return BackendOp(name)
+        shown = library.path.relative_to(Path.cwd())
     except ValueError:
-        raise UnknownNameError(
-            "op", name, tuple(difflib.get_close_matches(name, [o.value for o in BackendOp], n=3, cutoff=0.6))
-        ) from None
+        shown = library.path
+    return f" --library {shown}"
+
+
+def lookup_many(names) -> list[KernelCapsule]:
+    """Capsules by name; a library's name stands for all its capsules."""
+    out = []
+    for name in names:
+        library = next((lib for lib in libraries() if lib.name == name), None)
+        out += list(library.capsules) if library is not None else [lookup(name)]
+    return list(dict.fromkeys(out))
+
+
+def parse_op(name: str) -> BackendOp | LibraryOp:
+    if name in BackendOp._value2member_map_:
+        return BackendOp(name)
+    for c in catalog():
+        if c.op.value == name:
+            return c.op
+    choices = [o.value for o in BackendOp] + [c.op.value for c in catalog() if isinstance(c.op, LibraryOp)]
+    raise UnknownNameError("op", name, tuple(difflib.get_close_matches(name, choices, n=3, cutoff=0.6)))
 
 
 def filter_capsules(
@@ -80,14 +241,15 @@ def filter_capsules(
     vjp: VJPMode | None = None,
     reduction: ReductionPolicy | None = None,
 ) -> list[KernelCapsule]:
-    if module is not None and module not in MODULES:
-        raise UnknownNameError("module", module, tuple(difflib.get_close_matches(module, MODULES, n=2)))
-    families = sorted(set(native_cuda.FAMILIES.values()))
+    names = modules()
+    if module is not None and module not in names:
+        raise UnknownNameError("module", module, tuple(difflib.get_close_matches(module, names, n=2)))
+    families = sorted({c.family for c in catalog()})
     if family is not None and family not in families:
         raise UnknownNameError("family", family, tuple(difflib.get_close_matches(family, families, n=2)))
     return [
         c
-        for c in CATALOG
+        for c in catalog()
         if (module is None or c.module == module)
         and (family is None or c.family == family)
         and (vjp is None or c.vjp_mode is vjp)
@@ -100,18 +262,18 @@ class Selection:
     """The planner's answer for one op under one policy: the capsule chosen (or none) and why
     each other capsule of the op was refused."""
 
-    op: BackendOp
+    op: BackendOp | LibraryOp
     policy: KernelPolicy
     chosen: KernelCapsule | None
     refused: tuple[tuple[KernelCapsule, str], ...]
 
 
-def select(op: BackendOp, policy: KernelPolicy) -> Selection:
+def select(op: BackendOp | LibraryOp, policy: KernelPolicy) -> Selection:
     """The planner's choice for `op`, and the reason each other capsule of that op was refused."""
-    chosen = choose(policy, op, CATALOG)
+    chosen = choose(policy, op, catalog())
     refused = []
-    for c in CATALOG:
-        if c.op is op and c is not chosen:
+    for c in catalog():
+        if c.op == op and c is not chosen:
             reason = refusal(policy, c) or "admissible, but not first in the search order"
             refused.append((c, reason))
     return Selection(op, policy, chosen, tuple(refused))

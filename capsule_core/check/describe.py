@@ -3,6 +3,8 @@ models and the cost of its first sample."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from capsule_core.errors import UnknownNameError
 
 
@@ -56,12 +58,12 @@ def op_details(op: str) -> dict[str, list[str]]:
 def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
     """ptxas's registers, spills, stack and shared memory per symbol beside the family's budget
     (what `capsules check` enforces), or why they are unknown."""
-    from capsule_core.check.engine import family_budget
+    from capsule_core.check.engine import budget_for
     from capsule_core.errors import EnvironmentMissing
     from capsule_core.kernels.nvcc import CompileError, compile_file, source_path
 
     out = {}
-    for path in sorted({r.path for r in capsule.symbols}):
+    for path, options in sorted({(r.path, r.build) for r in capsule.symbols}, key=lambda pair: pair[0]):
         source = source_path(path)
         if not source.is_file():
             out.update(
@@ -69,25 +71,45 @@ def kernel_resources(capsule, arch: str = "sm_90") -> dict[str, str]:
             )
             continue
         try:
-            build = compile_file(source, arch)
+            build = compile_file(source, arch, build=options)
         except (EnvironmentMissing, CompileError) as exc:
             reason = str(exc).splitlines()[0]
             out.update({r.symbol: f"not compiled: {reason}" for r in capsule.symbols if r.path == path})
             continue
-        budget = family_budget(capsule.family)
-        warnings = [f"{len(build.warnings)} nvcc warnings in {path}"] if build.warnings else []
+        budget = budget_for(capsule)
+        shown = Path(path).name if Path(path).is_absolute() else path
+        warnings = [f"{len(build.warnings)} nvcc warnings in {shown}"] if build.warnings else []
         for ref in capsule.symbols:
-            r = build.resources.get(ref.symbol)
             if ref.path != path:
                 continue
+            r = build.resources_of(ref)
             if r is None:
                 out[ref.symbol] = f"{arch}: no such entry in the compiled PTX"
                 continue
+            used = (
+                f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
+                f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes"
+            )
+            if budget is None:
+                out[ref.symbol] = f"{used}; no budget declared"
+                continue
             over = budget.problems(ref.symbol, r) + warnings
             verdict = f"OVER BUDGET: {'; '.join(over)}" if over else "within budget"
-            out[ref.symbol] = (
-                f"{arch}: {r.registers} registers, {r.spill_stores + r.spill_loads} spill bytes, "
-                f"{r.stack_bytes} stack bytes, {r.shared_bytes} smem bytes; {verdict} "
-                f"({budget.describe(ref.symbol)}, no nvcc warning)"
-            )
+            out[ref.symbol] = f"{used}; {verdict} ({budget.describe(ref.symbol)}, no nvcc warning)"
+    return out
+
+
+def entry_names(capsule, arch: str = "sm_90") -> dict[str, str]:
+    """Each kernel's PTX .entry (a C++ kernel's mangled name) from the kernel cache; {} without nvcc."""
+    from capsule_core.errors import EnvironmentMissing
+    from capsule_core.kernels.nvcc import CompileError, compile_file, source_path
+
+    out = {}
+    for ref in capsule.symbols:
+        try:
+            name = compile_file(source_path(ref.path), arch, build=ref.build).entry_name(ref)
+        except (EnvironmentMissing, CompileError, OSError):
+            continue
+        if name:
+            out[ref.symbol] = name
     return out

@@ -9,13 +9,12 @@ whose kernels are not written yet are reported PENDING.
 
 from __future__ import annotations
 
-import importlib
 import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 
+from capsule_core.catalog.registry import library_of
 from capsule_core.kernels.c_types import C_TYPES
 from capsule_core.kernels.launch import (
     DYNAMIC_SHARED_LIMIT,
@@ -34,8 +33,9 @@ from capsule_core.kernels.nvcc import (
     KernelBudget,
     KernelResources,
     compile_all,
-    cuda_source_dir,
     find_nvcc,
+    source_closure,
+    source_path,
 )
 from capsule_core.model import KernelCapsule, NativeSymbolRef, contracts_aligned
 
@@ -117,11 +117,18 @@ def source_declaration(ref: NativeSymbolRef, text: str) -> re.Match | None:
     return re.search(rf"__global__ {bounds}void {bounds}{name} ?\(", source)
 
 
-def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> list[str]:
+def _source_text(ref: NativeSymbolRef) -> str:
+    """The text of the translation unit and the headers it includes (a library defines kernels in headers too)."""
+    source = source_path(ref.path)
+    files = source_closure(source, ref.build.include_dirs if ref.build else ())
+    return "\n".join(f.read_text(errors="replace") for f in files)
+
+
+def _symbol_problems(refs, compiled: dict[str, dict[str, CompiledFile | CompileError]]) -> list[str]:
+    """Each ref against its source and its compiled PTX; `compiled` is {path: {arch: result}}."""
     problems = []
     for ref in refs:
-        path = cuda_source_dir() / Path(ref.path).name
-        if not _source_declares(ref, path.read_text(errors="replace")):
+        if not _source_declares(ref, _source_text(ref)):
             if ref.linkage == "C":
                 problems.append(
                     f'{ref.symbol}: no extern "C" __global__ definition with the declared parameters '
@@ -129,7 +136,7 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
                 )
             else:
                 problems.append(f"{ref.symbol}: no __global__ (C++ linkage) definition in {ref.path}")
-        for arch, result in compiled.items():
+        for arch, result in compiled.get(ref.path, {}).items():
             if isinstance(result, CompileError):
                 continue
             name = result.entry_name(ref)
@@ -152,34 +159,45 @@ def _symbol_problems(refs, compiled: dict[str, CompiledFile | CompileError]) -> 
     return problems
 
 
-def family_budget(family: str) -> KernelBudget:
-    """The KernelBudget declared beside the family's launch plans (capsule_core/kernels/plans/<family>.py)."""
-    return importlib.import_module(f"capsule_core.kernels.plans.{family}").BUDGET
+def budget_for(capsule: KernelCapsule) -> KernelBudget | None:
+    """The KernelBudget its library declares beside the capsule's launch plans (the built-in
+    families in capsule_core/kernels/plans/<family>.py), or None."""
+    library = library_of(capsule)
+    return library.budget_for(capsule) if library is not None else None
 
 
-def budget_problems(budget: KernelBudget, build: CompiledFile, symbols) -> list[str]:
-    """Every nvcc warning of the build, and each way the kernels `symbols` exceed the budget."""
+def budget_problems(budget: KernelBudget, build: CompiledFile, refs) -> list[str]:
+    """Every nvcc warning of the build, and each way the kernels `refs` exceed the budget."""
     problems = [f"{build.arch}: nvcc warning (budget: 0 warnings): {line.strip()}" for line in build.warnings]
-    resources = build.resources
-    for symbol in symbols:
-        if symbol in resources:
-            problems += [f"{build.arch}: {p}" for p in budget.problems(symbol, resources[symbol])]
+    for ref in refs:
+        used = build.resources_of(ref)
+        if used is not None:
+            problems += [f"{build.arch}: {p}" for p in budget.problems(ref.symbol, used)]
     return problems
 
 
-def _budget_item(budget: KernelBudget, symbols, builds: list[CompiledFile]) -> CheckItem:
-    problems = [p for build in builds for p in budget_problems(budget, build, symbols)]
+def _budget_item(budget: KernelBudget | None, refs, builds: dict[str, list[CompiledFile]]) -> CheckItem:
+    """`builds`: each ref's compiled files by path, one per arch."""
+    if budget is None:
+        figures = "; ".join(
+            f"{r.symbol}: {max(b.resources_of(r).registers for b in builds[r.path])} registers" for r in refs
+        )
+        return CheckItem("kernel.budget", Status.PASSED, (f"no budget declared; {figures}",))
+    problems = list(
+        dict.fromkeys(p for r in refs for build in builds[r.path] for p in budget_problems(budget, build, [r]))
+    )
     if problems:
         return CheckItem("kernel.budget", Status.FAILED, tuple(problems))
-    arches = ", ".join(b.arch for b in builds)
+    arches = ", ".join(dict.fromkeys(b.arch for bs in builds.values() for b in bs))
     return CheckItem(
         "kernel.budget",
         Status.PASSED,
         (
             f"{arches}: no nvcc warning; "
             + "; ".join(
-                f"{s}: {max(b.resources[s].registers for b in builds)} registers (budget: {budget.describe(s)})"
-                for s in symbols
+                f"{r.symbol}: {max(b.resources_of(r).registers for b in builds[r.path])} registers "
+                f"(budget: {budget.describe(r.symbol)})"
+                for r in refs
             ),
         ),
     )
@@ -271,44 +289,63 @@ def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = 
 
 
 def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckReport:
-    """Run the static checks on native capsules (raises EnvironmentMissing without nvcc)."""
+    """Run the static checks on kernel capsules (raises EnvironmentMissing without nvcc)."""
     start = time.perf_counter()
     nvcc = find_nvcc()
-    source_dir = cuda_source_dir()
-    sources = sorted({source_dir / Path(r.path).name for c in capsules for r in c.symbols})
-    present = [s for s in sources if s.is_file()]
-    compiled = compile_all([(s, a) for s in present for a in arches])
+    units = {(r.path, r.build) for c in capsules for r in c.symbols}
+    present = sorted((u for u in units if source_path(u[0]).is_file()), key=lambda u: u[0])
+    compiled = compile_all([(source_path(path), a, build) for path, build in present for a in arches])
     results = []
     for capsule in capsules:
         items = [CheckItem("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED)]
         kernels = []
         refs = capsule.symbols
-        files = sorted({source_dir / Path(r.path).name for r in refs})
+        paths = sorted({r.path for r in refs})
+        per_path: dict[str, dict[str, CompiledFile | CompileError]] = {}
         if not refs:
             items.append(CheckItem("ffi.symbols", Status.PASSED, ("launches no kernel: the output aliases the input",)))
-        elif not all(f.is_file() for f in files):
-            missing = ", ".join(f"cuda/{f.name}" for f in files if not f.is_file())
+        elif not all(source_path(p).is_file() for p in paths):
+            missing = ", ".join(p for p in paths if not source_path(p).is_file())
             items.append(CheckItem("ffi.symbols", Status.PENDING, (f"kernels not written yet ({missing} is missing)",)))
             results.append(CapsuleCheck(capsule.name, tuple(items), ()))
             continue
         else:
-            per_arch = {a: compiled[(files[0], a)] for a in arches}
-            errors = [str(r) for r in per_arch.values() if isinstance(r, CompileError)]
-            problems = errors + _symbol_problems(refs, per_arch)
+            build_of = {r.path: r.build for r in refs}
+            per_path = {p: {a: compiled[(source_path(p), a, build_of[p])] for a in arches} for p in paths}
+            errors = list(
+                dict.fromkeys(str(r) for d in per_path.values() for r in d.values() if isinstance(r, CompileError))
+            )
+            problems = errors + _symbol_problems(refs, per_path)
             items.append(CheckItem("ffi.symbols", Status.FAILED if problems else Status.PASSED, tuple(problems)))
             if not errors:
-                budget = family_budget(capsule.family)
-                symbols = [r.symbol for r in refs if all(r.symbol in b.resources for b in per_arch.values())]
+                budget = budget_for(capsule)
+                found = [r for r in refs if all(b.resources_of(r) is not None for b in per_path[r.path].values())]
                 kernels = [
-                    KernelRow(**vars(b.resources[s]), symbol=s, arch=arch, max_registers=budget.registers_for(s))
-                    for arch, b in per_arch.items()
-                    for s in symbols
+                    KernelRow(
+                        **vars(b.resources_of(r)),
+                        symbol=r.symbol,
+                        arch=arch,
+                        max_registers=budget.registers_for(r.symbol) if budget else 0,
+                    )
+                    for r in found
+                    for arch, b in per_path[r.path].items()
                 ]
-                items.append(_budget_item(budget, symbols, list(per_arch.values())))
+                items.append(_budget_item(budget, found, {p: list(d.values()) for p, d in per_path.items()}))
             if problems:
                 results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
                 continue
-        resources = {a: b.resources for a, b in per_arch.items() if isinstance(b, CompiledFile)} if refs else {}
+        resources = (
+            {
+                arch: {
+                    r.symbol: per_path[r.path][arch].resources_of(r)
+                    for r in refs
+                    if per_path[r.path][arch].resources_of(r)
+                }
+                for arch in arches
+            }
+            if refs
+            else {}
+        )
         items.append(_plan_items(capsule, arches, sizes, resources))
         results.append(CapsuleCheck(capsule.name, tuple(items), tuple(kernels)))
     fresh = sum(1 for r in compiled.values() if isinstance(r, CompiledFile) and not r.cached)

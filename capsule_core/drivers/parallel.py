@@ -401,10 +401,11 @@ def open_backend(worker: Worker):
     return resolve(worker.backend, worker.device, launch_timeout=worker.launch_timeout)[0]
 
 
-def _serve(connection, worker: Worker, work, breadcrumbs=None) -> None:
+def _serve(connection, worker: Worker, work, breadcrumbs=None, libraries: tuple[str, ...] = ()) -> None:
     """A worker process: open the backend on the first task, then answer each task with
     (True, work(backend, task)) until None comes; an exception is answered (False, what) and ends it.
-    `breadcrumbs`: shared memory where capsule_core.activity records what the worker does."""
+    `breadcrumbs`: shared memory where capsule_core.activity records what the worker does;
+    `libraries`: the parent's --library declarations, loaded again here (discovery finds the rest)."""
     import signal
 
     from capsule_core.children import die_with_parent
@@ -420,12 +421,21 @@ def _serve(connection, worker: Worker, work, breadcrumbs=None) -> None:
     while (task := connection.recv()) is not None:
         try:
             if backend is None:
+                _load_libraries(libraries)
                 backend = open_backend(worker)
             answer = (True, work(backend, task))
         except Exception as exc:
             connection.send((False, f"the worker process failed with {type(exc).__name__}: {exc}"))
             return
         connection.send(answer)
+
+
+def _load_libraries(paths) -> None:
+    from capsule_core.catalog import registry
+
+    failed = registry.use_libraries(paths)
+    if failed:
+        raise CapsuleError("; ".join(f"{f.source}: {f.message}" for f in failed))
 
 
 def _death(exitcode: int | None) -> str:
@@ -452,12 +462,14 @@ class _Process:
     leaves (capsule_core.activity) for the report of its death."""
 
     def __init__(self, context, worker: Worker, work):
+        from capsule_core.catalog.registry import library_paths
+
         self.worker = worker
         self.connection, child = context.Pipe()
         self.breadcrumbs = context.RawArray("c", BREADCRUMB_BYTES)
         self.process = context.Process(
             target=_serve,
-            args=(child, worker, work, self.breadcrumbs),
+            args=(child, worker, work, self.breadcrumbs, library_paths()),
             daemon=True,
             name=f"capsules-worker-{worker.backend}-{worker.device}",
         )
@@ -583,8 +595,15 @@ _RAY_BACKENDS: dict = {}
 reused; a GPU task gets its own process, Ray's default)."""
 
 
-def _ray_task(backend: str, work, task):
+def _ray_task(backend: str, work, task, libraries: tuple[tuple[str, str], ...] = ()):
+    """`libraries`: (shipped module, declaration inside it) of each --library: the library's
+    folder travels as a py_module of the job and is loaded again from where it landed."""
     if backend not in _RAY_BACKENDS:
+        import importlib
+
+        _load_libraries(
+            [str(Path(importlib.import_module(module).__path__[0]) / inside) for module, inside in libraries]
+        )
         _RAY_BACKENDS[backend] = open_backend(Worker(backend))  # device 0 of the GPUs Ray gives the task
     return work(_RAY_BACKENDS[backend], task)
 
@@ -598,21 +617,31 @@ def _ray_slots(cluster: RayCluster) -> int:
 
 @contextmanager
 def _package():
-    """capsule_core as a wheel lays it out (the CUDA sources inside, as capsule_core/_cuda), in a
-    temporary folder: what Ray's py_modules ships to every worker, from a checkout or an install."""
+    """capsule_core as a wheel lays it out (the CUDA sources inside, as capsule_core/_cuda), and the
+    folder of each --library as a module of its own, in a temporary folder: what Ray's py_modules
+    ships to every worker, from a checkout or an install. Yields (the folders to ship, (module,
+    declaration inside it) per library)."""
     import shutil
     import tempfile
 
+    from capsule_core.catalog.registry import libraries
     from capsule_core.kernels.nvcc import cuda_source_dir
 
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "capsule_core"
-        shutil.copytree(
-            Path(__file__).resolve().parent.parent, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-        )
+        shutil.copytree(Path(__file__).resolve().parent.parent, target, ignore=ignore)
         if not (target / "_cuda").is_dir():
-            shutil.copytree(cuda_source_dir(), target / "_cuda", ignore=shutil.ignore_patterns("__pycache__"))
-        yield target
+            shutil.copytree(cuda_source_dir(), target / "_cuda", ignore=ignore)
+        shipped, declared = [str(target)], []
+        for library in libraries():
+            if library.path is None or library.root is None:
+                continue
+            module = f"capsules_shipped_{library.name}"
+            shutil.copytree(library.root, Path(folder) / module, ignore=ignore)
+            shipped.append(str(Path(folder) / module))
+            declared.append((module, str(library.path.relative_to(library.root))))
+        yield shipped, tuple(declared)
 
 
 def _run_ray(
@@ -624,12 +653,12 @@ def _run_ray(
     import logging
 
     ray = require_ray()
-    with _package() as package:
+    with _package() as (shipped, declared):
         local = {"include_dashboard": False} if cluster.address == "local" else {}
         try:
             ray.init(
                 address=cluster.address,
-                runtime_env={"py_modules": [str(package)]},
+                runtime_env={"py_modules": shipped},
                 log_to_driver=False,
                 logging_level=logging.ERROR,
                 **local,
@@ -644,7 +673,7 @@ def _run_ray(
     try:
         while True:
             while len(running) < slots and (item := next(pending, None)) is not None:
-                running[remote.remote(cluster.backend, work, item[1])] = item
+                running[remote.remote(cluster.backend, work, item[1], declared)] = item
             if not running:
                 return
             done, _ = ray.wait(list(running), num_returns=1)

@@ -57,6 +57,14 @@ def pytest_addoption(parser):
         help="the emulator's watchdog: a launch running longer is ended as hung "
         "(default 120, or CAPSULES_LAUNCH_TIMEOUT; 0: none)",
     )
+    group.addoption(
+        "--capsules-library",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="load a capsule library's declaration (a .py file or a package folder); repeatable "
+        "(CAPSULES_LIBRARIES and installed entry points load too)",
+    )
 
 
 def pytest_configure(config):
@@ -68,30 +76,36 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"--capsules-launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {timeout:g}"
         )
+    from capsule_core.catalog import registry
+
+    failed = registry.use_libraries(config.getoption("capsules_library"))
+    if failed:
+        raise pytest.UsageError("; ".join(f"{f.source}: {f.message}" for f in failed))
     config.pluginmanager.register(CapsuleVerification(config, _capsules(names)), "capsules-verification")
 
 
 def _capsules(names: str) -> list:
     """The capsules `--capsules` names, in the order given; UsageError naming an unknown name."""
-    from capsule_core.catalog.native_cuda import CAPSULES
-    from capsule_core.catalog.registry import lookup
+    from capsule_core.catalog import registry
     from capsule_core.errors import UnknownNameError
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
-        raise pytest.UsageError("--capsules: give 'all' or a comma list of capsule or op names")
+        raise pytest.UsageError("--capsules: give 'all' or a comma list of capsule, op or library names")
     if wanted == ["all"]:
-        return list(CAPSULES)
+        return registry.kernel_capsules()
     try:
-        capsules = [lookup(n) for n in wanted]
+        capsules = registry.lookup_many(wanted)
     except UnknownNameError as exc:
         raise pytest.UsageError(f"--capsules: {exc}") from None
     return list({c.name: c for c in capsules}.values())
 
 
 def _short(capsule) -> str:
-    """`softmax` for the native capsule of an op, the full name for any other."""
-    return capsule.op.value if capsule.module == "native_cuda" else capsule.name
+    """`softmax` for the capsule an op name stands for (the built-in one), the full name for any other."""
+    from capsule_core.catalog.registry import short_name
+
+    return short_name(capsule)
 
 
 class CapsuleVerification:

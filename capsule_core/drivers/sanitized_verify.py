@@ -18,12 +18,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--case")
+    parser.add_argument("--library", action="append", default=[])
     options = parser.parse_args(argv)
     from capsule_core.backends.select import resolve
-    from capsule_core.catalog.registry import lookup
+    from capsule_core.catalog.registry import lookup, use_libraries
     from capsule_core.errors import CapsuleError, EnvironmentMissing
     from capsule_core.verify.engine import Status, verify_capsule
 
+    failed = use_libraries(options.library)
+    if failed:
+        print(f"capsules: error: {'; '.join(f.message for f in failed)}", file=sys.stderr)
+        return 2
     try:
         capsule = lookup(options.op)
         backend, _ = resolve("cuda")

@@ -729,6 +729,8 @@ def fuzz_capsule(
     start = clock()
     spec = get_spec(capsule.op.value)
     result = CapsuleFuzz(capsule.name, spec.name)
+    if hasattr(backend, "bind"):
+        backend.bind(capsule)
     result.skipped = _preflight(spec, backend)
     if result.skipped:
         return result
@@ -1025,6 +1027,8 @@ def replay(recorded: Replay, backend) -> ReplayResult:
 
     capsule = lookup(recorded.capsule)
     spec = get_spec(capsule.op.value)
+    if hasattr(backend, "bind"):
+        backend.bind(capsule)
     try:
         outcome = run_example(capsule, spec, backend, recorded.example, recorded.seed)
     except _Poisoned as exc:

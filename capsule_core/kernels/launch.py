@@ -8,10 +8,8 @@ executes them, so a launch can only pass what the registry declares.
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -295,17 +293,10 @@ def _argument_problems(where: str, param: CParam, arg, buffers: Mapping[str, Buf
 PlanFunction = Callable[[Mapping[str, Any], Mapping[str, Any]], LaunchPlan]
 
 
-@lru_cache(maxsize=None)
-def _family_plans(family: str) -> Mapping[str, tuple[PlanFunction, PlanFunction | None]]:
-    try:
-        module = importlib.import_module(f"{__package__}.plans.{family}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.plans.{family}":
-            raise
-        return {}
-    return module.PLANS
-
-
 def plan_functions(capsule: KernelCapsule) -> tuple[PlanFunction, PlanFunction | None] | None:
-    """(forward plan, backward plan) of a capsule's op, or None when its kernels are not written yet."""
-    return _family_plans(capsule.family).get(capsule.op.value)
+    """(forward plan, backward plan) of a capsule's op from its library, or None when its library
+    declares none (a CPU reference twin, or kernels not written yet)."""
+    from capsule_core.catalog.registry import library_of
+
+    library = library_of(capsule)
+    return library.plans_for(capsule) if library is not None else None

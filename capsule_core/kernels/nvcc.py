@@ -47,8 +47,19 @@ def cuda_source_dir() -> Path:
 
 
 def source_path(path: str) -> Path:
-    """A NativeSymbolRef path ("cuda/pointwise.cu") resolved to a file on this machine."""
+    """A NativeSymbolRef path resolved to a file on this machine: a library's absolute path as it
+    is, a shipped source ("cuda/pointwise.cu") in cuda_source_dir()."""
+    if Path(path).is_absolute():
+        return Path(path)
     return cuda_source_dir() / Path(path).name
+
+
+def build_flags(build) -> list[str]:
+    """The include folders, defines and extra flags of a library's BuildOptions (None: none)."""
+    if build is None:
+        return []
+    flags = [f for d in build.include_dirs for f in ("-I", d)]
+    return flags + [f"-D{d}" for d in build.defines]
 
 
 DEFAULT_CUDA = Path("/usr/local/cuda")
@@ -145,8 +156,9 @@ def _error_context(output: str) -> str:
     return f"{path.name}:{line}:\n{body}\n"
 
 
-def source_closure(source: Path) -> list[Path]:
-    """The source and every local header it includes, transitively (for the cache key)."""
+def source_closure(source: Path, include_dirs=()) -> list[Path]:
+    """The source and every local header it includes, transitively, beside it or in one of
+    `include_dirs` (for the cache key)."""
     seen: dict[Path, None] = {}
     pending = [source]
     while pending:
@@ -155,9 +167,11 @@ def source_closure(source: Path) -> list[Path]:
             continue
         seen[path] = None
         for name in _INCLUDE.findall(path.read_text(errors="replace")):
-            candidate = (path.parent / name).resolve()
-            if candidate.is_file():
-                pending.append(candidate)
+            for folder in (path.parent, *map(Path, include_dirs)):
+                candidate = (folder / name).resolve()
+                if candidate.is_file():
+                    pending.append(candidate)
+                    break
     return list(seen)
 
 
@@ -165,16 +179,18 @@ def content_key(header: str, paths) -> str:
     """A cache key: `header` (tools, versions, flags) and every file of `paths`, name and bytes."""
     digest = hashlib.sha256()
     digest.update(header.encode())
-    for path in sorted(paths, key=lambda p: p.name):
+    for path in sorted(paths, key=lambda p: (p.name, str(p))):
         digest.update(f"{path.name}\n".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:32]
 
 
-def cache_key(source: Path, arch: str, nvcc: Nvcc) -> str:
+def cache_key(source: Path, arch: str, nvcc: Nvcc, build=None) -> str:
+    extra = " ".join(build_flags(build) + list(build.nvcc_flags if build else ()))
     return content_key(
-        f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n",
-        source_closure(source),
+        f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n"
+        + (f"build={extra}\n" if extra else ""),
+        source_closure(source, build.include_dirs if build else ()),
     )
 
 
@@ -265,7 +281,13 @@ class CompiledFile:
 
     @property
     def resources(self) -> dict[str, KernelResources]:
+        """ptxas's report by PTX entry (a C++ kernel's mangled name)."""
         return parse_ptxas_resources(self.log)
+
+    def resources_of(self, ref) -> KernelResources | None:
+        """ptxas's report for a NativeSymbolRef, found by its entry name."""
+        name = self.entry_name(ref)
+        return self.resources.get(name) if name else None
 
     @property
     def warnings(self) -> list[str]:
@@ -324,17 +346,20 @@ def parse_ptxas_resources(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledFile:
+def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None, build=None) -> CompiledFile:
     """One nvcc call for (source, arch): cubin, PTX and ptxas report, from the content-hash cache
     when an intact entry is there. Entries are written to a private folder and renamed into place,
-    so concurrent builds never read half a file; a damaged entry is detected and rebuilt."""
+    so concurrent builds never read half a file; a damaged entry is detected and rebuilt. `build`:
+    a library's BuildOptions (include folders, defines and nvcc flags), part of the key."""
     nvcc = nvcc or find_nvcc()
     source = Path(source).resolve()
 
-    def build(out: Path, work: Path):
+    def make(out: Path, work: Path):
         cmd = [
             str(nvcc.path),
             *COMPILE_FLAGS,
+            *(build.nvcc_flags if build else ()),
+            *build_flags(build),
             f"-arch={arch}",
             "-cubin",
             "-Xptxas",
@@ -354,8 +379,8 @@ def compile_file(source: Path, arch: str, nvcc: Nvcc | None = None) -> CompiledF
         (out / "kernel.ptx").write_text(next(work.glob("*.ptx")).read_text())
         (out / "ptxas.log").write_text(result.stdout + result.stderr)
 
-    name = f"{source.stem}-{arch}-{cache_key(source, arch, nvcc)}"
-    entry, cached = cached_build("kernels", name, _ENTRY_FILES, build)
+    name = f"{source.stem}-{arch}-{cache_key(source, arch, nvcc, build)}"
+    entry, cached = cached_build("kernels", name, _ENTRY_FILES, make)
     data = entry_files(entry, _ENTRY_FILES)
     if data is None:
         raise EnvironmentMissing(f"the kernel cache at {entry} changed while it was read; set CAPSULES_CACHE")
@@ -409,16 +434,15 @@ def entry_files(entry: Path, files: tuple[str, ...]) -> dict[str, bytes] | None:
     return data
 
 
-def compile_all(
-    jobs: list[tuple[Path, str]], workers: int | None = None
-) -> dict[tuple[Path, str], CompiledFile | CompileError]:
-    """Compile (source, arch) pairs in parallel; each result is a CompiledFile or its CompileError."""
+def compile_all(jobs: list[tuple], workers: int | None = None) -> dict[tuple, CompiledFile | CompileError]:
+    """Compile (source, arch[, build options]) jobs in parallel; each result is a CompiledFile or
+    its CompileError."""
     nvcc = find_nvcc()
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
 
     def one(job):
         try:
-            return compile_file(job[0], job[1], nvcc)
+            return compile_file(job[0], job[1], nvcc, job[2] if len(job) > 2 else None)
         except CompileError as exc:
             return exc
 

@@ -37,10 +37,21 @@ def all_specs() -> dict:
     return specs
 
 
+_LIBRARY_SPECS: dict = {}
+"""The OpSpecs of capsule libraries' own ops ("tinylib.squared_relu"), registered as they load."""
+
+
+def register_spec(spec) -> None:
+    """Make a library's own op known to get_spec (catalog.registry calls this as a library loads)."""
+    _LIBRARY_SPECS[spec.name] = spec
+
+
 def get_spec(name: str):
     specs = all_specs()
-    if name not in specs:
-        import difflib
+    if name in specs:
+        return specs[name]
+    if name in _LIBRARY_SPECS:
+        return _LIBRARY_SPECS[name]
+    import difflib
 
-        raise UnknownNameError("op", name, tuple(difflib.get_close_matches(name, specs, n=3)))
-    return specs[name]
+    raise UnknownNameError("op", name, tuple(difflib.get_close_matches(name, [*specs, *_LIBRARY_SPECS], n=3)))

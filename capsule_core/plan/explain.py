@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from capsule_core.catalog.registry import lookup
+from capsule_core.catalog.registry import launches_kernels, lookup
 from capsule_core.errors import CapsuleError, EnvironmentMissing, ParamError, ShapeError
 from capsule_core.kernels.launch import LaunchPlan, parse_param, plan_functions, plan_problems
 from capsule_core.kernels.nvcc import CompileError, KernelResources, compile_file, source_path
@@ -349,11 +349,18 @@ def _resources(plan: LaunchPlan, refs: Mapping[str, Any], arch: str) -> tuple[di
     """ptxas resources by symbol, and why they are unknown by source path (no nvcc, no source,
     nvcc failed)."""
     found, missing = {}, {}
-    for path in sorted({refs[launch.symbol].path for launch in plan.kernel_launches if launch.symbol in refs}):
+    used = {refs[launch.symbol] for launch in plan.kernel_launches if launch.symbol in refs}
+    for path in sorted({ref.path for ref in used}):
+        here = [ref for ref in used if ref.path == path]
         try:
-            found.update(compile_file(source_path(path), arch).resources)
+            compiled = compile_file(source_path(path), arch, build=here[0].build)
         except (EnvironmentMissing, CompileError) as exc:
             missing[path] = "not compiled: " + str(exc).splitlines()[0].rstrip(":")
+            continue
+        for ref in here:
+            resources = compiled.resources_of(ref)
+            if resources is not None:
+                found[ref.symbol] = resources
     return found, missing
 
 
@@ -406,10 +413,12 @@ def _roofline(spec: OpSpec, direction: str, shapes, params, plan: LaunchPlan, de
 
 
 def resolve_op(op: str) -> tuple[Any, OpSpec]:
-    """The native capsule and OpSpec of an op or capsule name (UnknownNameError with suggestions)."""
+    """The kernel capsule and OpSpec of an op or capsule name (UnknownNameError with suggestions)."""
     capsule = lookup(op)
-    if capsule.module != "native_cuda":
-        raise PlanRequestError(f"OP: {capsule.name} launches no CUDA kernel; plan takes native_cuda capsules")
+    if not launches_kernels(capsule):
+        raise PlanRequestError(
+            f"OP: {capsule.name} launches no CUDA kernel; plan takes the capsules of a kernel library"
+        )
     return capsule, get_spec(capsule.op.value)
 
 

@@ -11,7 +11,13 @@ FORMATS = ("table", "json", "csv", "markdown")
 
 
 def symbol_record(ref: NativeSymbolRef) -> dict:
-    return {"path": ref.path, "symbol": ref.symbol, "params": list(ref.params)}
+    return {
+        "path": ref.path,
+        "symbol": ref.symbol,
+        "params": list(ref.params),
+        "linkage": ref.linkage,
+        "definition": ref.definition or None,
+    }
 
 
 def descriptor_record(d: ContractDescriptor) -> dict:
@@ -29,6 +35,7 @@ def capsule_record(c: KernelCapsule) -> dict:
         "name": c.name,
         "op": c.op.value,
         "module": c.module,
+        "library": c.module,
         "family": c.family,
         "description": c.description,
         "provider": c.provider.value,
@@ -49,7 +56,10 @@ def export_document(capsules, modules, tool_version: str) -> dict:
         "schema_version": EXPORT_SCHEMA_VERSION,
         "tool_version": tool_version,
         "modules": list(modules),
-        "ops": [{"name": op.value, "requires_vjp": op.requires_vjp} for op in BackendOp],
+        "ops": [
+            {"name": op.value, "requires_vjp": op.requires_vjp}
+            for op in dict.fromkeys([*BackendOp, *(c.op for c in capsules if not isinstance(c.op, BackendOp))])
+        ],
         "capsules": [capsule_record(c) for c in capsules],
     }
 
@@ -58,6 +68,7 @@ def list_rows(capsules) -> list[dict]:
     return [
         {
             "name": c.name,
+            "library": c.module,
             "op": c.op.value,
             "family": c.family,
             "vjp": c.vjp_mode.value,
@@ -108,7 +119,9 @@ def render_rows(rows: list[dict], fmt: str, json_value=None) -> str:
     return tabulate(rows, headers="keys", tablefmt="github")
 
 
-def render_capsule(c: KernelCapsule, op_details: dict | None = None, resources: dict | None = None) -> str:
+def render_capsule(
+    c: KernelCapsule, op_details: dict | None = None, resources: dict | None = None, entries: dict | None = None
+) -> str:
     """The `show` page: identity, policy, the four contracts with evidence and provenance,
     then the op's signature, parameters, shape rule, tolerance and cost models when known."""
     from tabulate import tabulate
@@ -116,6 +129,7 @@ def render_capsule(c: KernelCapsule, op_details: dict | None = None, resources: 
     lines = [f"{c.name} — {c.description}", ""]
     identity = [
         ("op", c.op.value),
+        ("library", c.module),
         ("family", c.family),
         ("provider", c.provider.value),
         ("device", c.device.value),
@@ -133,7 +147,11 @@ def render_capsule(c: KernelCapsule, op_details: dict | None = None, resources: 
     if not c.symbols:
         lines.append("  (none: the op launches no kernel)")
     for ref in c.symbols:
-        lines.append(f"  {ref.path}: {ref.symbol}({', '.join(ref.params)})")
+        where = ref.definition or ref.path
+        linkage = "" if ref.linkage == "C" else " [C++ linkage]"
+        lines.append(f"  {where}: {ref.symbol}({', '.join(ref.params)}){linkage}")
+        if entries and entries.get(ref.symbol, ref.symbol) != ref.symbol:
+            lines.append(f"      PTX entry {entries[ref.symbol]}")
         if resources and ref.symbol in resources:
             lines.append(f"      {resources[ref.symbol]}")
     for title, body in (op_details or {}).items():
@@ -282,6 +300,7 @@ def verify_record(report) -> dict:
         "capsules": [
             {
                 "name": c.capsule,
+                "library": c.capsule.split(".", 1)[0],
                 "status": c.status.value,
                 "seconds": round(c.seconds, 3),
                 "checks": [
@@ -318,9 +337,11 @@ def render_verify(report) -> str:
     ran = {r.check for c in report.capsules for r in c.results}
     ids = [i for i in ALL_CHECKS if i not in SANITIZER_CHECKS or i in ran]
     rows = []
+    one_library = len({c.capsule.split(".", 1)[0] for c in report.capsules}) == 1
     for c in report.capsules:
         marks = {r.check: STATUS_MARK[r.status.value] for r in c.results}
-        rows.append([c.capsule.split(".", 1)[1], c.status.value, *(marks.get(i, "") for i in ids)])
+        name = c.capsule.split(".", 1)[1] if one_library else c.capsule
+        rows.append([name, c.status.value, *(marks.get(i, "") for i in ids)])
     headers = [
         "capsule",
         "status",

@@ -35,12 +35,15 @@ from capsule_core.backends.emu import (
     EmuBackend,
     KernelFault,
     argument_words,
-    build_family,
+    build_unit,
     find_host_compiler,
+    unit_refs,
+    unit_source,
 )
 from capsule_core.children import die_with_parent
 from capsule_core.errors import CapsuleError, EnvironmentMissing
 from capsule_core.kernels.launch import parse_param
+from capsule_core.kernels.nvcc import cuda_source_dir
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -120,16 +123,16 @@ class SanitizerFinding(CapsuleError):
         super().__init__(finding.summary)
 
 
-def runner_path(family: str, tool: str, family_dir: Path | None = None, refs=None) -> Path:
-    """The family's runner built for `tool` (content-hash cached like every emulator build);
-    `family_dir` and `refs` as for capsule_core.backends.emu.build_family."""
-    return build_family(
-        family,
+def runner_path(source: Path, tool: str, build=None, refs=None) -> Path:
+    """The runner of a translation unit (capsule_core.backends.emu.build_unit) built for `tool`,
+    content-hash cached like every emulator build."""
+    return build_unit(
+        source,
+        refs,
+        build,
         flags=TOOL_FLAGS[tool],
         extra_source='#include "capsule_emu_runner.h"\n',
         output=f"runner-{tool}",
-        family_dir=family_dir,
-        refs=refs,
     ).path
 
 
@@ -139,7 +142,7 @@ def unavailable(tool: str) -> str | None:
         if tool == "synccheck":
             find_host_compiler()
             return None
-        runner_path("random", tool)
+        runner_path(cuda_source_dir() / "random.cu", tool)
     except EnvironmentMissing as exc:
         return str(exc)
     except CapsuleError as exc:
@@ -193,7 +196,7 @@ class SanitizedBackend(DeviceBackend):
         self._buffers: dict[int, tuple[int, bytes | None]] = {}
         self._launches: list = []
         self._results: dict[int, bytes] = {}
-        self._family: str | None = None
+        self._unit: tuple | None = None
         self.names: dict[int, str] = {}
         """Allocation id -> plan buffer name, for the reports."""
 
@@ -223,12 +226,17 @@ class SanitizedBackend(DeviceBackend):
         data.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
 
     def launch(self, ref, grid, block, shared_bytes, args):
-        from pathlib import PurePosixPath
-
-        family = PurePosixPath(ref.path).stem
-        if self._family not in (None, family):
-            raise ValueError("one plan, one kernel family")
-        self._family = family
+        unit = (
+            unit_source(ref, self.family_dir),
+            ref.build,
+            self.refs if self.refs is not None else unit_refs(unit_source(ref)),
+        )
+        if self._unit not in (None, unit):
+            raise CapsuleError(
+                f"{ref.symbol}: under the sanitizers a plan's kernels must come from one source file "
+                f"(this plan launches kernels of {self._unit[0]} and {unit[0]})"
+            )
+        self._unit = unit
         words = []
         # by the declared parameter, not the value's type: a uint64_t scalar (an RNG key) is an
         # np.uint64 just as a device address is
@@ -259,7 +267,7 @@ class SanitizedBackend(DeviceBackend):
         if not launches:
             self._results = {i: contents or b"" for i, (n, contents) in self._buffers.items()}
             return
-        runner = runner_path(self._family, self.tool, self.family_dir, self.refs)
+        runner = runner_path(self._unit[0], self.tool, self._unit[1], self._unit[2])
         with tempfile.TemporaryDirectory(prefix="capsules-sanitize-") as work:
             work = Path(work)
             lines, _names = [], {}
@@ -445,6 +453,8 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
     is not on PATH or refuses the device."""
     import sys
 
+    from capsule_core.catalog.registry import library_paths
+
     binary = shutil.which("compute-sanitizer")
     if binary is None:
         return GpuSanitizerOutcome("skipped", "compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
@@ -462,6 +472,7 @@ def compute_sanitizer(tool: str, op: str, seed: int, quick: bool, case: str | No
         str(seed),
         *(["--quick"] if quick else []),
         *(["--case", case] if case else []),
+        *(f for path in library_paths() for f in ("--library", path)),
     ]
     try:
         proc = subprocess.run(

@@ -20,6 +20,7 @@ import numpy as np
 
 from capsule_core import activity
 from capsule_core.backends.execution import GuardedOutput, gradient_outputs
+from capsule_core.catalog.registry import launches_kernels, library_option, short_name
 from capsule_core.errors import InputError
 from capsule_core.model import KernelCapsule, ReductionPolicy, contracts_aligned
 from capsule_core.ops import get_spec
@@ -247,14 +248,16 @@ class Session:
 
     def __init__(self, capsule: KernelCapsule, spec: OpSpec, backend, quick: bool, seed: int, case_filter: str | None):
         self.capsule, self.spec, self.backend = capsule, spec, backend
+        if hasattr(backend, "bind"):
+            backend.bind(capsule)
         self.quick, self.seed, self.case_filter = quick, seed, case_filter
         self.cases: list[Case] = []
         self.hung = ""
         """Set when a launch ran past its timeout: the capsule's later cases fail unlaunched."""
 
     def repro(self, check: str, case: str | None = None) -> str:
-        line = f"capsules verify {self.spec.name} --check {check} --seed {self.seed} --backend {self.backend.name}"
-        return line + (f" --case {case}" if case else "")
+        line = f"capsules verify {short_name(self.capsule)} --check {check} --seed {self.seed} --backend {self.backend.name}"
+        return line + library_option(self.capsule) + (f" --case {case}" if case else "")
 
     # -- running ----------------------------------------------------------------------------
 
@@ -776,13 +779,14 @@ class Session:
         from capsule_core.sanitize.engine import SanitizerFinding, backend_for, compute_sanitizer
 
         check = f"sanitize.{tool}"
-        if self.capsule.module != "native_cuda" or not self.capsule.symbols:
+        if not self.capsule.symbols:
             return Result(check, Status.SKIPPED, f"{self.capsule.name} launches no kernel")
         if self.backend.name == "cuda":
-            outcome = compute_sanitizer(tool, self.spec.name, self.seed, self.quick, self.case_filter)
+            outcome = compute_sanitizer(tool, short_name(self.capsule), self.seed, self.quick, self.case_filter)
             status = {"finding": Status.FAILED, "clean": Status.PASSED, "skipped": Status.SKIPPED}[outcome.status]
             return Result(check, status, outcome.summary, repro=self.sanitizer_repro(tool), details=outcome.text)
         backend = backend_for(tool)
+        backend.bind(self.capsule)
         runs = 0
         for sample in self.samples():
             try:
@@ -827,8 +831,8 @@ class Session:
         )
 
     def sanitizer_repro(self, tool: str, case: str | None = None) -> str:
-        line = f"capsules verify {self.spec.name} --check sanitize.{tool} --seed {self.seed}"
-        return line + (f" --case {case}" if case else "")
+        line = f"capsules verify {short_name(self.capsule)} --check sanitize.{tool} --seed {self.seed}"
+        return line + library_option(self.capsule) + (f" --case {case}" if case else "")
 
     def _tie_failure(self, case, o, what) -> Result:
         return Result(
@@ -854,7 +858,7 @@ def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[
     ]
     if not compiled:
         return out
-    if capsule.module != "native_cuda":
+    if not launches_kernels(capsule):
         reason = f"{capsule.name} launches no native kernel"
         return out + [Result("ffi.symbols", Status.SKIPPED, reason), Result("launch.plan", Status.SKIPPED, reason)]
     from capsule_core.check import engine as check
