@@ -17,7 +17,7 @@ import sys
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from capsule_core.errors import CapsuleError
 from capsule_core.model import (
@@ -169,7 +169,8 @@ class Capsule:
 class CapsuleLibrary:
     """A library's declaration. Paths are relative to the declaring file's folder. `plans` names
     the module beside it holding PLANS = {op: (forward plan, backward plan)} and optionally
-    BUDGET (a KernelBudget); `ops` the module holding SPECS, the library's own OpSpecs."""
+    BUDGET (a KernelBudget); `ops` the library's own ops, each op name to "module:ATTRIBUTE" of
+    its OpSpec beside it (imported when the op is first needed, so `list` stays light)."""
 
     name: str
     capsules: tuple[Capsule, ...]
@@ -178,7 +179,7 @@ class CapsuleLibrary:
     defines: tuple[str, ...] = ()
     nvcc_flags: tuple[str, ...] = ()
     plans: str = "plans"
-    ops: str | None = None
+    ops: Mapping[str, str] = field(default_factory=dict)
     declared_at: str = field(default_factory=_caller, compare=False)
 
 
@@ -196,7 +197,7 @@ class Library:
     plan_module: Callable[[KernelCapsule], Any]
     """The module of a capsule's plans (PLANS, and BUDGET when it declares one)."""
     specs: dict = field(default_factory=dict)
-    """The library's own OpSpecs by op name ("tinylib.squared_relu")."""
+    """The library's own ops by name ("tinylib.squared_relu"): a function that imports its OpSpec."""
     root: Path | None = None
     """The folder of the declaration: what travels with a job to another machine."""
     path: Path | None = None
@@ -312,7 +313,7 @@ def resolve(declared: CapsuleLibrary, folder: Path, package: str, origin: str) -
     build = BuildOptions(
         name, tuple(map(str, sources)), include_dirs, tuple(declared.defines), tuple(declared.nvcc_flags)
     )
-    own = _own_specs(declared, package, folder, at) if _needs_own_ops(declared) else {}
+    own = _own_specs(declared, package, folder)
     definitions = _definitions(sources, [Path(d) for d in include_dirs])
     capsules = []
     for c in declared.capsules:
@@ -346,25 +347,33 @@ def _translation_units(declared: CapsuleLibrary, folder: Path, at: str) -> list[
     return list(dict.fromkeys(units))
 
 
-def _needs_own_ops(declared: CapsuleLibrary) -> bool:
-    return any(c.op not in BackendOp._value2member_map_ for c in declared.capsules)
-
-
-def _own_specs(declared: CapsuleLibrary, package: str, folder: Path, at: str) -> dict:
-    """The library's own OpSpecs, renamed "<library>.<op>" and of family <library>."""
-    if declared.ops is None:
-        unknown = next(c for c in declared.capsules if c.op not in BackendOp._value2member_map_)
-        raise LibraryError(
-            f"library {declared.name} ({unknown.declared_at}): unknown op {unknown.op!r}"
-            f"{_did_you_mean(unknown.op, BackendOp._value2member_map_)} (an op of the library's own "
-            f"needs an OpSpec in the module its ops= names)"
-        )
-    module = _import(f"{package}.{declared.ops}", folder, f"library {declared.name}: ops {declared.ops}.py")
+def _own_specs(declared: CapsuleLibrary, package: str, folder: Path) -> dict:
+    """{"<library>.<op>": a function returning its OpSpec, renamed so and of family <library>}."""
     specs = {}
-    for spec in getattr(module, "SPECS", ()):
-        full = f"{declared.name}.{spec.name.removeprefix(declared.name + '.')}"
-        specs[full] = replace(spec, name=full, family=declared.name)
+    for op, where in declared.ops.items():
+        module, _, attribute = where.partition(":")
+        at = f"library {declared.name} ({declared.declared_at})"
+        if not _NAME.match(op) or not attribute:
+            raise LibraryError(
+                f"{at}: ops: {op!r}: {where!r} must be 'module:ATTRIBUTE' of an OpSpec, op an identifier"
+            )
+        specs[f"{declared.name}.{op}"] = _spec_loader(declared.name, op, f"{package}.{module}", attribute, folder)
     return specs
+
+
+def _spec_loader(library: str, op: str, module: str, attribute: str, folder: Path):
+    loaded = []
+
+    def load():
+        if not loaded:
+            what = f"library {library}: op {op} ({module.rsplit('.', 1)[-1]}:{attribute})"
+            spec = getattr(_import(module, folder, what), attribute, None)
+            if spec is None or not hasattr(spec, "forward"):
+                raise LibraryError(f"{what}: is not an OpSpec")
+            loaded.append(replace(spec, name=f"{library}.{op}", family=library))
+        return loaded[0]
+
+    return load
 
 
 def _did_you_mean(name: str, choices) -> str:
@@ -379,10 +388,12 @@ def _capsule(library: str, c: Capsule, own: dict, definitions, build: BuildOptio
     if c.op in BackendOp._value2member_map_:
         op = BackendOp(c.op)
     elif f"{library}.{c.op}" in own:
-        op = LibraryOp(f"{library}.{c.op}", requires_vjp=own[f"{library}.{c.op}"].has_vjp)
+        op = LibraryOp(f"{library}.{c.op}")
     else:
         choices = list(BackendOp._value2member_map_) + [n.split(".", 1)[1] for n in own]
-        raise LibraryError(f"{at}: unknown op {c.op!r}{_did_you_mean(c.op, choices)}")
+        raise LibraryError(
+            f"{at}: unknown op {c.op!r}{_did_you_mean(c.op, choices)} (an op of the library's own goes in its ops=)"
+        )
     try:
         vjp_mode, reduction = VJPMode(c.vjp), ReductionPolicy(c.reduction)
         trust, layout = TrustLevel(c.trust), TensorLayout(c.layout)

@@ -113,8 +113,8 @@ class _Libraries:
         if library.specs:
             from capsule_core.ops import register_spec
 
-            for spec in library.specs.values():
-                register_spec(spec)
+            for name, load in library.specs.items():
+                register_spec(name, load)
         self.loaded.append(library)
         self.catalog = None
         return None

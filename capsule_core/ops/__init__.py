@@ -38,12 +38,13 @@ def all_specs() -> dict:
 
 
 _LIBRARY_SPECS: dict = {}
-"""The OpSpecs of capsule libraries' own ops ("tinylib.squared_relu"), registered as they load."""
+"""Capsule libraries' own ops ("tinylib.squared_relu"): a function that imports the OpSpec."""
 
 
-def register_spec(spec) -> None:
-    """Make a library's own op known to get_spec (catalog.registry calls this as a library loads)."""
-    _LIBRARY_SPECS[spec.name] = spec
+def register_spec(name: str, load) -> None:
+    """Make a library's own op known to get_spec (catalog.registry calls this as a library loads);
+    `load()` imports its OpSpec when it is first needed."""
+    _LIBRARY_SPECS[name] = load
 
 
 def get_spec(name: str):
@@ -51,7 +52,7 @@ def get_spec(name: str):
     if name in specs:
         return specs[name]
     if name in _LIBRARY_SPECS:
-        return _LIBRARY_SPECS[name]
+        return _LIBRARY_SPECS[name]()
     import difflib
 
     raise UnknownNameError("op", name, tuple(difflib.get_close_matches(name, [*specs, *_LIBRARY_SPECS], n=3)))

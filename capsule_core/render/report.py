@@ -683,11 +683,13 @@ def _change_cells(report, case) -> list[str]:
 def bench_rows(report) -> list[dict]:
     """One row per case: time, spread, throughput, share of the bounding peak, baseline ratios."""
     columns = _bench_columns(report)
+    providers = len({c.capsule.split(".", 1)[0] for c in report.cases}) > 1
     rows = []
     for c in report.cases:
         m, t = c.measurement, c.throughput
         row = {
             "op": c.op,
+            **({"capsule": c.capsule} if providers else {}),
             "case": c.case,
             "shape": c.shape if len(c.shape) <= 44 else c.shape[:41] + "...",
             "time": _seconds(m.summary.median) if m else c.status.value,

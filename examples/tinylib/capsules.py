@@ -15,7 +15,7 @@ LIBRARY = CapsuleLibrary(
     defines=("TINYLIB_THREADS=256",),  # plans.THREADS: the block of every launch
     nvcc_flags=(),
     plans="plans",
-    ops="ops",
+    ops={"squared_relu": "ops:SQUARED_RELU"},
     capsules=(
         Capsule(
             "relu",

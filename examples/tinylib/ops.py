@@ -69,5 +69,3 @@ SQUARED_RELU = replace(
     ),
     family="tinylib",
 )
-
-SPECS = (SQUARED_RELU,)
