@@ -32,6 +32,7 @@ from mutants import (
 from capsule_core.backends import emu
 from capsule_core.kernels import nvcc as kernels
 from capsule_core.ops import FAMILIES, all_specs
+from capsule_core.source_files import include_closure
 
 pytestmark = pytest.mark.skipif(
     emu.shutil.which("g++") is None and emu.shutil.which("clang++") is None,
@@ -72,7 +73,7 @@ def test_kernel_catalog_is_current_and_covers_every_family_and_kind():
     for m in KERNEL_MUTANTS:
         assert m.op in all_specs() and m.description and m.original != m.replacement, m.id
         assert m.expect and set(m.expect) <= set(DYNAMIC_CHECKS), m.id
-        closure = {p.name for p in kernels.source_closure(source / f"{m.family}.cu")}
+        closure = {p.name for p in include_closure(source / f"{m.family}.cu")}
         assert m.file in closure, f"{m.id}: cuda/{m.file} is not part of the {m.family} build"
         m.planted((source / m.file).read_text())
     assert len(KERNEL_REPRESENTATIVES) == len(REPRESENTATIVES) == len(FAMILIES)

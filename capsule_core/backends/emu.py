@@ -201,12 +201,13 @@ def _include_flags(source: Path, build) -> list[str]:
 
 
 def build_key(source: Path, driver: str, compiler: HostCompiler, flags: tuple[str, ...], build=None) -> str:
-    from capsule_core.kernels.nvcc import build_flags, content_key, cuda_source_dir, source_closure
+    from capsule_core.kernels.nvcc import build_flags, content_key, cuda_source_dir
+    from capsule_core.source_files import include_closure
 
     source_dir = cuda_source_dir()
     paths = (
-        set(source_closure(source, build.include_dirs if build else ()))
-        | set(source_closure(source_dir / EMULATOR_HEADER))
+        set(include_closure(source, build.include_dirs if build else ()))
+        | set(include_closure(source_dir / EMULATOR_HEADER))
         | {source_dir / LINKER_SCRIPT}
     )
     if "capsule_emu_runner.h" in driver:

@@ -38,6 +38,7 @@ from capsule_core.model import (
     TrustLevel,
     VJPMode,
 )
+from capsule_core.source_files import include_closure
 
 SHAPE_GUARD = "capsule_core.ops.base.validate"
 LAYOUT_GUARD = "capsule_core.ops.base.as_input_arrays"
@@ -424,7 +425,6 @@ def _capsule(library: str, c: Capsule, own: dict, definitions, build: BuildOptio
 
 # -- reading the sources ----------------------------------------------------------------------
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.MULTILINE)
 _GLOBAL = re.compile(
     r'(extern\s+"C"\s+)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+'
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\("
@@ -443,29 +443,11 @@ class Definition:
     params: tuple[str, ...]
 
 
-def _closure(unit: Path, include_dirs: list[Path]) -> list[Path]:
-    """The unit and every header it includes that lies beside it or in an include folder."""
-    seen: dict[Path, None] = {}
-    pending = [unit]
-    while pending:
-        path = pending.pop()
-        if path in seen:
-            continue
-        seen[path] = None
-        for name in _INCLUDE.findall(path.read_text(errors="replace")):
-            for folder in [path.parent, *include_dirs]:
-                candidate = (folder / name).resolve()
-                if candidate.is_file():
-                    pending.append(candidate)
-                    break
-    return list(seen)
-
-
 def _definitions(units: list[Path], include_dirs: list[Path]) -> dict[str, list[Definition]]:
     """Every __global__ kernel the units define (by its unqualified name)."""
     found: dict[str, list[Definition]] = {}
     for unit in units:
-        for file in _closure(unit, include_dirs):
+        for file in include_closure(unit, include_dirs):
             text = _strip_comments(file.read_text(errors="replace"))
             for m in _GLOBAL.finditer(text):
                 params = _parameter_list(text, m.end())

@@ -13,6 +13,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from capsule_core.catalog.registry import library_of
 from capsule_core.kernels.c_types import C_TYPES
@@ -34,10 +35,10 @@ from capsule_core.kernels.nvcc import (
     KernelResources,
     compile_all,
     find_nvcc,
-    source_closure,
     source_path,
 )
 from capsule_core.model import KernelCapsule, NativeSymbolRef, contracts_aligned
+from capsule_core.source_files import include_closure
 
 
 class Status(str, Enum):
@@ -120,7 +121,7 @@ def source_declaration(ref: NativeSymbolRef, text: str) -> re.Match | None:
 def _source_text(ref: NativeSymbolRef) -> str:
     """The text of the translation unit and the headers it includes (a library defines kernels in headers too)."""
     source = source_path(ref.path)
-    files = source_closure(source, ref.build.include_dirs if ref.build else ())
+    files = include_closure(source, ref.build.include_dirs if ref.build else ())
     return "\n".join(f.read_text(errors="replace") for f in files)
 
 
@@ -221,6 +222,14 @@ def fit_problems(launch, resources: dict, arch: str) -> list[str]:
     return problems
 
 
+def raised_at(exc: BaseException) -> str:
+    """ " (at plans.py:12)": the line of the plan function's module that raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+
+
 def read_problems(spec, arrays: dict, forward, backward) -> list[str]:
     """A forward plan reads only the op's inputs; a backward plan only those, the forward's result
     ("out") and the cotangent ("g")."""
@@ -264,7 +273,9 @@ def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = 
             try:
                 plan = function(arrays, params)
             except Exception as exc:  # a plan function that crashes is a failed check, never a lost report
-                problems.append(f"{sample.case} {direction}: the plan function raised {type(exc).__name__}: {exc}")
+                problems.append(
+                    f"{sample.case} {direction}: the plan function raised {type(exc).__name__}: {exc}{raised_at(exc)}"
+                )
                 continue
             plans += 1
             made[direction] = plan

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from capsule_core.errors import CapsuleError, EnvironmentMissing
+from capsule_core.source_files import include_closure
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 """capsule_core: the CUDA sources ship inside it as _cuda (a wheel) or sit beside it as cuda/ (a checkout)."""
@@ -131,8 +132,6 @@ flush-to-zero, IEEE division and square root; FMA contraction on) and recorded i
 ARCHES = ("sm_80", "sm_90")
 CACHE_FORMAT = 1
 
-_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
-
 
 class CompileError(CapsuleError):
     """nvcc refused a source: the command, nvcc's message and the source lines around the error."""
@@ -156,25 +155,6 @@ def _error_context(output: str) -> str:
     return f"{path.name}:{line}:\n{body}\n"
 
 
-def source_closure(source: Path, include_dirs=()) -> list[Path]:
-    """The source and every local header it includes, transitively, beside it or in one of
-    `include_dirs` (for the cache key)."""
-    seen: dict[Path, None] = {}
-    pending = [source]
-    while pending:
-        path = pending.pop()
-        if path in seen:
-            continue
-        seen[path] = None
-        for name in _INCLUDE.findall(path.read_text(errors="replace")):
-            for folder in (path.parent, *map(Path, include_dirs)):
-                candidate = (folder / name).resolve()
-                if candidate.is_file():
-                    pending.append(candidate)
-                    break
-    return list(seen)
-
-
 def content_key(header: str, paths) -> str:
     """A cache key: `header` (tools, versions, flags) and every file of `paths`, name and bytes."""
     digest = hashlib.sha256()
@@ -190,7 +170,7 @@ def cache_key(source: Path, arch: str, nvcc: Nvcc, build=None) -> str:
     return content_key(
         f"format={CACHE_FORMAT}\narch={arch}\nnvcc={nvcc.version}\nflags={' '.join(COMPILE_FLAGS)}\n"
         + (f"build={extra}\n" if extra else ""),
-        source_closure(source, build.include_dirs if build else ()),
+        include_closure(source, build.include_dirs if build else ()),
     )
 
 
