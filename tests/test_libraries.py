@@ -102,7 +102,9 @@ def test_a_broken_library_names_itself_and_the_line_and_the_rest_still_works(dec
 def test_a_plan_that_raises_fails_launch_plan_naming_the_error():
     checked = capsules("check", "raising.relu", "--arch", "sm_90", "--library", "tests/libraries/raising.py")
     assert checked.returncode == 1, checked.stderr
-    assert "the plan function raised ZeroDivisionError: float division by zero (at raising_plans.py:7)" in checked.stdout
+    assert (
+        "the plan function raised ZeroDivisionError: float division by zero (at raising_plans.py:7)" in checked.stdout
+    )
 
 
 def test_a_library_loads_once_and_its_name_must_be_free():
