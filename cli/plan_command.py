@@ -1,5 +1,5 @@
-"""`capsules plan`: parse the request, call capsule_core.plan.explain, write what
-capsule_core.render.plan renders.
+"""`capsules plan`: parse the request, call capsule_core.explain.engine, write what
+capsule_core.render.explain renders.
 
 Kept light at import time: numpy, the registry of plans and nvcc load inside the command.
 """
@@ -68,8 +68,8 @@ def plan(
 
     from capsule_core import __version__
     from capsule_core.errors import InputError, UnknownNameError
-    from capsule_core.plan import explain
-    from capsule_core.render import plan as plan_report
+    from capsule_core.explain import engine as explain
+    from capsule_core.render import explain as plan_report
     from cli.common import EXIT_USAGE, EXIT_VIOLATION, fail
 
     load_libraries(library)

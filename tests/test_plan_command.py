@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from capsule_core.backends import cuda
 from capsule_core.errors import EnvironmentMissing, ParamError, ShapeError
+from capsule_core.explain import engine as explain
 from capsule_core.kernels.occupancy import ARCHES, occupancy
-from capsule_core.plan import explain
 from cli.app import app
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""Renderers of `capsules plan` (capsule_core.plan.explain.Explanation): the JSON document
+"""Renderers of `capsules plan` (capsule_core.explain.engine.Explanation): the JSON document
 (docs/plan-schema.md) and the text (a header, one row per launch, the roofline footer)."""
 
 from __future__ import annotations
