@@ -6,16 +6,19 @@ import csv
 import io
 import json
 import math
-import sys
 import types
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from capsule_core.backends.device import DeviceBackend
 from capsule_core.bench import baselines
 from capsule_core.bench import engine as bench
 from capsule_core.catalog import registry
+from capsule_core.errors import EnvironmentMissing
+from capsule_core.kernels.c_types import C_TYPES
+from capsule_core.kernels.launch import parse_param
 from capsule_core.ops import all_specs, get_spec
 from capsule_core.ops.base import Cost, normalize_params, seeded_rng, shapes_of, validate
 from capsule_core.render import report
@@ -602,171 +605,75 @@ def test_roofline_plot(tmp_path):
 # -- the cuda path against a simulated driver ------------------------------------------------------
 
 
-class FakeDriver:
-    """Enough of pycuda.driver for CudaBackend and DeviceTimer: a clock that kernels advance,
-    events that read it, allocations that count, and prepared calls whose argument types are checked."""
+class FakeGpu(DeviceBackend):
+    """The device calls bench makes on a GPU, simulated: a clock that kernels, memsets and copies
+    advance, events that read it, allocations that count, and launches whose arguments are
+    checked against the declared C parameters (the types CudaBackend prepares)."""
 
-    class Error(Exception):
-        pass
+    name, arch, description = "cuda", "sm_90", "Simulated H200 (sm_90)"
 
     def __init__(self, free=80 << 30):
-        drv = self
-        self.now = 0.0
-        self.free = free
-        self.allocated = 0
-        self.launched = []
-        self.memsets = 0
-        self.next_ptr = 1 << 32
-        self.popped = 0
+        super().__init__()
+        self.now, self.free_memory, self.allocated, self.next_address = 0.0, free, {}, 1 << 32
+        self.launched, self.memsets, self.popped = [], 0, 0
 
-        class MemoryError_(FakeDriver.Error):
-            pass
+    def allocate(self, nbytes):
+        if nbytes > self.free_bytes():
+            raise EnvironmentMissing("out of GPU memory (allocating): cuMemAlloc failed: out of memory")
+        address, self.next_address = self.next_address, self.next_address + nbytes + 256
+        self.allocated[address] = nbytes
+        return address
 
-        self.MemoryError = MemoryError_
-        self.LogicError = type("LogicError", (FakeDriver.Error,), {})
-        self.LaunchError = type("LaunchError", (FakeDriver.Error,), {})
-        self.RuntimeError = type("RuntimeError", (FakeDriver.Error,), {})
-        self.device_attribute = types.SimpleNamespace(L2_CACHE_SIZE="l2", MULTIPROCESSOR_COUNT="sms")
-        self.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="smem")
+    def free(self, address):
+        self.allocated.pop(address, None)
 
-        class Context:
-            @staticmethod
-            def pop():
-                drv.popped += 1
+    def upload(self, address, data):
+        assert address in self.allocated or any(a <= address < a + n for a, n in self.allocated.items())
 
-            @staticmethod
-            def synchronize():
-                pass
+    def download(self, data, address):
+        data[...] = 0
 
-        self.Context = Context
+    def launch(self, ref, grid, block, shared_bytes, args):
+        params = [parse_param(p) for p in ref.params]
+        assert len(args) == len(params), (ref.symbol, args)
+        for param, arg in zip(params, args):
+            assert type(arg) is (np.uintp if param.pointer else C_TYPES[param.ctype].numpy), (ref.symbol, param, arg)
+        self.launched.append(ref.symbol)
+        self.now += {"capsule_peak_fma": 1.0, "capsule_bench_spin": 0.0}.get(ref.symbol, 0.1)  # ms
 
-        class Device:
-            def __init__(self, index):
-                pass
-
-            def make_context(self):
-                return Context()
-
-            def compute_capability(self):
-                return (9, 0)
-
-            def name(self):
-                return "Simulated H200"
-
-            def total_memory(self):
-                return 141 << 30
-
-            def get_attribute(self, attribute):
-                return {"l2": 50 << 20, "sms": 132}[attribute]
-
-        self.Device = Device
-
-        class Allocation:
-            def __init__(self, nbytes):
-                self.ptr, self.nbytes = drv.next_ptr, nbytes
-                drv.next_ptr += nbytes + 256
-                drv.allocated += nbytes
-
-            def __int__(self):
-                return self.ptr
-
-            def free(self):
-                drv.allocated -= self.nbytes
-                self.nbytes = 0
-
-        self.Allocation = Allocation
-
-        class Event:
-            def record(self, stream=None):
-                self.t = drv.now
-                return self
-
-            def synchronize(self):
-                return self
-
-            def time_since(self, start):
-                return self.t - start.t
-
-        self.Event = Event
-
-        FORMAT = {"P": np.uintp, "f": np.float32, "q": np.int64, "Q": np.uint64, "i": np.int32}
-
-        class Function:
-            def __init__(self, name):
-                self.name, self.format = name, None
-
-            def prepare(self, fmt):
-                self.format = fmt
-
-            def set_attribute(self, attribute, value):
-                pass
-
-            def prepared_call(self, grid, block, *args, shared_size=0, stream=None):
-                assert self.format is not None and len(args) == len(self.format), (self.name, args)
-                for code, arg in zip(self.format, args):
-                    assert type(arg) is FORMAT[code], (self.name, code, type(arg))
-                drv.launched.append(self.name)
-                drv.now += {"capsule_peak_fma": 1.0, "capsule_bench_spin": 0.0}.get(self.name, 0.1)  # ms
-
-        class Module:
-            def __init__(self, cubin):
-                self.cubin = cubin
-
-            def get_function(self, name):
-                assert name.encode() in self.cubin, f"{name} is not in the loaded cubin"
-                return Function(name)
-
-        self.Module = Module
-
-    def init(self):
+    def synchronize(self):
         pass
 
-    def mem_alloc(self, nbytes):
-        if nbytes > self.free - self.allocated:
-            raise self.MemoryError("cuMemAlloc failed: out of memory")
-        return self.Allocation(nbytes)
-
-    def mem_get_info(self):
-        return self.free - self.allocated, 141 << 30
-
-    def module_from_buffer(self, cubin):
-        return self.Module(cubin)
-
-    def memcpy_htod(self, dest, src):
-        assert int(dest) and np.asarray(src).nbytes >= 0
-
-    def memset_d32(self, dest, value, count):
-        pass
-
-    def memset_d32_async(self, dest, value, count, stream=None):
-        assert isinstance(dest, int) and count > 0
+    def memset32(self, address, word, words):
         self.memsets += 1
         self.now += 0.01
 
-    def memcpy_dtod_async(self, dest, src, size, stream=None):
-        assert isinstance(dest, int) and isinstance(src, int) and size % 16 == 0
-        self.now += size / 1e9  # 1 GB per ms
+    def copy(self, destination, source, nbytes):
+        assert nbytes % 16 == 0
+        self.now += nbytes / 1e9  # 1 GB per ms
+
+    def record_event(self, event=None):
+        event = event or types.SimpleNamespace()
+        event.t = self.now
+        return event
+
+    def event_seconds(self, start, end):
+        return (end.t - start.t) * 1e-3
+
+    def free_bytes(self):
+        return self.free_memory - sum(self.allocated.values())
+
+    def facts(self):
+        return {"l2_bytes": 50 << 20, "multiprocessors": 132, "total_bytes": 141 << 30}
+
+    def release_context(self):
+        self.popped += 1
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
-    from capsule_core.kernels.nvcc import find_nvcc
-
-    try:
-        find_nvcc()
-    except Exception as exc:
-        pytest.skip(f"nvcc is needed to build the cubins the simulated driver loads: {exc}")
-    drv = FakeDriver()
-    package = types.ModuleType("pycuda")
-    package.driver = drv
-    monkeypatch.setitem(sys.modules, "pycuda", package)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
-    import atexit
-
-    monkeypatch.setattr(atexit, "register", lambda fn: fn)
-    from capsule_core.backends.cuda import CudaBackend
-
-    return drv, CudaBackend(0)
+def fake_cuda():
+    gpu = FakeGpu()
+    return gpu, gpu
 
 
 def test_cuda_path_times_event_pairs_and_measures_both_peaks(fake_cuda):
@@ -786,16 +693,18 @@ def test_cuda_path_times_event_pairs_and_measures_both_peaks(fake_cuda):
         assert case.measurement.guarded is True and case.measurement.cold
     assert "capsule_relu_fwd" in drv.launched and "capsule_bench_spin" in drv.launched
     timed = sum(c.measurement.summary.n + c.measurement.warmup_calls for c in result.cases)
-    assert drv.memsets == timed  # one flush per call, outside its event pair (the pair reads 0.1 ms, not 0.11)
-    assert drv.allocated == (100 << 20)  # only the flush buffer (2 x L2) is still held
+    # one flush per call, outside its event pair (the pair reads 0.1 ms, not 0.11), and the copy
+    # peak's source filled with 1.0f once
+    assert drv.memsets == timed + 1
+    assert sum(drv.allocated.values()) == (100 << 20)  # only the flush buffer (2 x L2) is still held
     assert result.compile_flags and result.device["multiprocessors"] == 132
     device.release()
-    assert drv.popped == 1 and drv.allocated == 0
+    assert drv.popped == 1 and not drv.allocated
 
 
 def test_cuda_path_skips_what_does_not_fit_on_the_device(fake_cuda):
     drv, backend = fake_cuda
-    drv.free = 120 << 20  # room for the peaks' small share, not for 200 MB per call
+    drv.free_memory = 120 << 20  # room for the peaks' small share, not for 200 MB per call
     device = bench.device_for(backend)
     settings = bench.Settings(
         bench.parse_size("200MB"), rule=bench.StoppingRule(min_samples=3, warmup_ms=0.0), baselines=()

@@ -198,265 +198,40 @@ class CudaBackend(DeviceBackend):
         with self._driver("device-to-device copy"):
             self.drv.memcpy_dtod(destination, source, nbytes)
 
+    # -- timing (bench) ---------------------------------------------------------------------
 
-# -- bench: timing on the device ------------------------------------------------------------
-#
-# Triton's do_bench with its holes closed: buffers allocated and uploaded once, one event pair
-# per call, the batch enqueued behind a spin kernel (so the pairs time the GPU, not the host's
-# launch gaps), the L2 flushed outside the pair by a write of a scratch buffer sized from the
-# device's L2 (--cold), one synchronisation per batch. The engine (capsule_core.bench.engine) decides
-# how many calls to make; everything here returns seconds per call.
+    def record_event(self, event=None):
+        """A CUDA event recorded now on the default stream (a new one, or `event` again)."""
+        with self._driver("event record"):
+            event = event or self.drv.Event()
+            event.record()
+            return event
 
-SPIN_SECONDS_MAX = 0.05
-"""Longest spin before a batch; the engine keeps batches short enough for it to cover them."""
-ENQUEUE_GUESS_S = 50e-6
-"""Host time to enqueue one timed call (events, launches) before it has been measured."""
-MAX_BATCH = 64
-"""Calls per batch: each enqueues up to five commands, well inside the driver's launch queue."""
-PEAK_ITERATIONS = 16384
-"""FMA loop trips per thread of capsule_peak_fma: about a millisecond on an H100-class GPU."""
-PEAK_CHAINS = 8
-"""Independent fmaf chains per thread (cuda/peak.cu)."""
-
-
-class DeviceTimer:
-    """Timing on the backend's GPU: flush buffer, event pool, spin kernel, device facts."""
-
-    timer = "cuda events"
-
-    def __init__(self, backend: CudaBackend):
-        self.backend = backend
-        self.drv = drv = backend.drv
-        attribute = drv.device_attribute
-        self.l2_bytes = int(backend.device.get_attribute(attribute.L2_CACHE_SIZE))
-        self.multiprocessors = int(backend.device.get_attribute(attribute.MULTIPROCESSOR_COUNT))
-        self.description = backend.description
-        self.total_bytes = int(backend.device.total_memory())
-        self._events: list = []
-        self._scratch = None
-        self._module = None
-        self._spin = None
-        self._released = False
-
-    # -- device facts ------------------------------------------------------------------------
+    def event_seconds(self, start, end) -> float:
+        """Seconds from `start` to `end`, once `end` has happened (waits for it)."""
+        with self._driver("event synchronize"):
+            end.synchronize()
+            return end.time_since(start) * 1e-3
 
     def free_bytes(self) -> int:
         free, _total = self.drv.mem_get_info()
         return int(free)
 
-    @property
-    def flush_bytes(self) -> int:
-        """Twice the L2 (at least 8 MiB): written between calls, it leaves nothing of the last call."""
-        return max(2 * self.l2_bytes, 8 << 20)
+    def facts(self) -> dict:
+        """What bench sizes its work by: the L2, the multiprocessors, the memory."""
+        attribute = self.drv.device_attribute
+        return {
+            "l2_bytes": int(self.device.get_attribute(attribute.L2_CACHE_SIZE)),
+            "multiprocessors": int(self.device.get_attribute(attribute.MULTIPROCESSOR_COUNT)),
+            "total_bytes": int(self.device.total_memory()),
+        }
 
-    # -- the pieces of a timed batch ----------------------------------------------------------
-
-    def _peak_module(self):
-        if self._module is None:
-            from capsule_core.kernels.nvcc import compile_file, source_path
-
-            compiled = compile_file(source_path("cuda/peak.cu"), self.backend.arch)
-            self._module = self.drv.module_from_buffer(compiled.cubin)
-        return self._module
-
-    def _spin_function(self):
-        """The spin kernel, or False when it cannot be loaded (then batches run without it)."""
-        if self._spin is None:
-            try:
-                fn = self._peak_module().get_function("capsule_bench_spin")
-                fn.prepare("q")
-                self._spin = fn
-            except Exception:  # no nvcc here, or the module does not load: time without the guard
-                self._spin = False
-        return self._spin
-
-    def spin(self, seconds: float) -> bool:
-        fn = self._spin_function()
-        if not fn or seconds <= 0:
-            return False
-        fn.prepared_call((1, 1, 1), (1, 1, 1), np.int64(int(min(seconds, SPIN_SECONDS_MAX) * 1e9)))
-        return True
-
-    def flush(self):
-        """Overwrite a scratch buffer of flush_bytes: issued before a call's start event, untimed."""
-        if self._scratch is None:
-            try:
-                self._scratch = self.drv.mem_alloc(self.flush_bytes)
-            except self.drv.MemoryError as exc:
-                raise MemoryError(f"no device memory for the {self.flush_bytes} byte L2 flush buffer: {exc}") from exc
-        self.drv.memset_d32_async(int(self._scratch), 0, self.flush_bytes // 4)
-
-    def events(self, n: int) -> list:
-        while len(self._events) < n:
-            self._events.append((self.drv.Event(), self.drv.Event()))
-        return self._events[:n]
-
-    def time_calls(self, enqueue, n: int, cold: bool, enqueue_estimate_s: float) -> tuple[list[float], float, bool]:
-        """Run `enqueue` n times, each between its own event pair; returns (seconds per call,
-        host seconds spent enqueueing per call, whether the spin guard ran)."""
-        import time
-
-        drv = self.drv
-        pairs = self.events(n)
+    def release_context(self):
+        """Make this context non-current, so that PyTorch and CuPy (which use the device's primary
+        context) run next without touching it. PyCUDA work after this is not possible; the exit
+        handler then finds nothing to pop."""
         try:
-            guarded = self.spin(1.5 * n * enqueue_estimate_s + 2e-4)
-            t0 = time.perf_counter()
-            for start, end in pairs:
-                if cold:
-                    self.flush()
-                start.record()
-                enqueue()
-                end.record()
-            host = (time.perf_counter() - t0) / n
-            pairs[-1][1].synchronize()
-            return [end.time_since(start) * 1e-3 for start, end in pairs], host, guarded
-        except drv.MemoryError as exc:
-            raise MemoryError(f"out of GPU memory: {exc}") from exc
-        except (drv.LaunchError, drv.LogicError, drv.RuntimeError) as exc:
-            raise LaunchFailed(f"timed launch failed: {exc}") from exc
-
-    # -- what bench times ----------------------------------------------------------------------
-
-    def plan_target(self, capsule, plan, host: dict) -> "TimedPlan":
-        return TimedPlan(self, capsule, plan, host)
-
-    def copy_target(self, nbytes: int) -> "TimedCopy":
-        return TimedCopy(self, nbytes)
-
-    def fma_target(self) -> "TimedFma":
-        return TimedFma(self)
-
-    def release(self):
-        """Free the scratch buffer and make this context non-current, so that PyTorch and CuPy
-        (which use the device's primary context) run next without touching it. PyCUDA work
-        after this is not possible; the backend's exit handler then finds nothing to pop."""
-        if self._released:
-            return
-        self._released = True
-        if self._scratch is not None:
-            try:
-                self._scratch.free()
-            except Exception:
-                pass
-            self._scratch = None
-        try:
-            self.backend.context.synchronize()
+            self.context.synchronize()
             self.drv.Context.pop()
-        except Exception:
+        except Exception:  # a poisoned context cannot synchronize; nothing more runs on it
             pass
-
-
-class _Timed:
-    """Common part of a timed target: run(n, cold) -> seconds per call; close()."""
-
-    max_batch = MAX_BATCH
-
-    def __init__(self, timer: DeviceTimer):
-        self.timer = timer
-        self.enqueue_s = ENQUEUE_GUESS_S
-        self.guarded = False
-        self._allocations: list = []
-
-    @property
-    def timer_name(self) -> str:
-        return self.timer.timer
-
-    def _alloc(self, nbytes: int):
-        drv = self.timer.drv
-        try:
-            a = drv.mem_alloc(max(int(nbytes), 16))
-        except drv.MemoryError as exc:
-            self.close()
-            raise MemoryError(
-                f"out of GPU memory allocating {int(nbytes)} bytes ({self.timer.free_bytes()} free): {exc}"
-            ) from exc
-        self._allocations.append(a)
-        return a
-
-    def _enqueue(self):
-        raise NotImplementedError
-
-    def run(self, n: int, cold: bool) -> list[float]:
-        times, host, guarded = self.timer.time_calls(self._enqueue, n, cold, self.enqueue_s)
-        self.enqueue_s, self.guarded = host, guarded
-        return times
-
-    def close(self):
-        for a in self._allocations:
-            try:
-                a.free()
-            except Exception:
-                pass
-        self._allocations = []
-
-
-class TimedPlan(_Timed):
-    """A launch plan staged once by the backend (DeviceBackend.stage: the same allocation, upload
-    and argument typing as verify's run); each timed call makes all its launches through the
-    backend's own launch."""
-
-    def __init__(self, timer: DeviceTimer, capsule, plan, host: dict):
-        super().__init__(timer)
-        self.backend = timer.backend
-        needed = sum(b.nbytes for b in plan.buffers if b.name not in plan.aliases)
-        free = timer.free_bytes()
-        if needed > 0.9 * free:
-            raise MemoryError(f"needs {needed} bytes of GPU memory for its buffers, {free} free")
-        try:
-            self.staged = self.backend.stage(capsule, plan, host)
-        except EnvironmentMissing as exc:  # the backend's out of GPU memory
-            raise MemoryError(f"{plan.op}: {exc}") from exc
-
-    def _enqueue(self):
-        for step in self.staged.launches:
-            self.backend.step(step)
-
-    def close(self):
-        self.backend.release(self.staged)
-        super().close()
-
-
-class TimedCopy(_Timed):
-    """cuMemcpyDtoDAsync of nbytes: moves 2 * nbytes through device memory per call."""
-
-    def __init__(self, timer: DeviceTimer, nbytes: int):
-        super().__init__(timer)
-        self.nbytes = int(nbytes) // 16 * 16
-        self.src = self._alloc(self.nbytes)
-        self.dst = self._alloc(self.nbytes)
-        timer.drv.memset_d32(int(self.src), 0x3F800000, self.nbytes // 4)  # 1.0f: never time zeros
-
-    @property
-    def bytes_moved(self) -> int:
-        return 2 * self.nbytes
-
-    def _enqueue(self):
-        self.timer.drv.memcpy_dtod_async(int(self.dst), int(self.src), self.nbytes)
-
-
-class TimedFma(_Timed):
-    """capsule_peak_fma over one full wave of the device (2048 threads per multiprocessor)."""
-
-    BLOCK = 256
-
-    def __init__(self, timer: DeviceTimer):
-        super().__init__(timer)
-        self.fn = timer._peak_module().get_function("capsule_peak_fma")
-        self.fn.prepare("Pffq")
-        self.grid = (timer.multiprocessors * (2048 // self.BLOCK), 1, 1)
-        self.out = self._alloc(self.grid[0] * self.BLOCK * 4)
-        self.iterations = PEAK_ITERATIONS
-
-    @property
-    def flops(self) -> int:
-        return 2 * PEAK_CHAINS * self.iterations * self.grid[0] * self.BLOCK
-
-    def _enqueue(self):
-        self.fn.prepared_call(
-            self.grid,
-            (self.BLOCK, 1, 1),
-            np.uintp(int(self.out)),
-            np.float32(0.9999999),
-            np.float32(1e-7),
-            np.int64(self.iterations),
-        )

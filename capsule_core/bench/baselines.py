@@ -573,7 +573,7 @@ def libraries(device_kind: str) -> dict[str, Library]:
     return out
 
 
-# -- GPU timing of the libraries: the same shape as capsule_core.backends.cuda.DeviceTimer -------
+# -- GPU timing of the libraries: the same shape as capsule_core.bench.device_timing.DeviceTimer ---
 
 SPIN_SECONDS_MAX = 0.05
 SPIN_CLOCK_HZ = 2.0e9

@@ -378,7 +378,7 @@ class CudaDevice:
     """No working-set limit: what does not fit in device memory is skipped as out of memory."""
 
     def __init__(self, backend):
-        from capsule_core.backends.cuda import DeviceTimer
+        from capsule_core.bench.device_timing import DeviceTimer
 
         self.backend = backend
         self.gpu = DeviceTimer(backend)
