@@ -15,9 +15,12 @@ from cli.bench_command import bench
 from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar, write_reports
 from cli.fuzz_command import fuzz
 from cli.options import (
-    LIBRARY_HELP,
+    AllOption,
     ArchOption,
+    BackendChoice,
     BackendOption,
+    LibraryOption,
+    NamesArgument,
     load_libraries,
     optional_option_values,
     unwritable_outputs,
@@ -84,7 +87,7 @@ def list_command(
     vjp: Annotated[Optional[VJPMode], typer.Option(help="Only this VJP mode.")] = None,
     reduction: Annotated[Optional[ReductionPolicy], typer.Option(help="Only this reduction policy.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """One row per capsule: name, library, op, family, VJP mode, reduction policy, symbols.
 
@@ -109,7 +112,7 @@ def list_command(
 def show(
     name: Annotated[str, typer.Argument(help="A capsule name (native_cuda.relu) or an op name (relu).")],
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """Every field of one capsule, and its op's signature, tolerance and cost models.
 
@@ -154,7 +157,7 @@ def export(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """The whole registry as versioned JSON (schema: docs/export-schema.md).
 
@@ -191,7 +194,7 @@ def select(
     ] = AssurancePolicy.CHECKED,
     vjp: Annotated[bool, typer.Option("--vjp/--no-vjp", help="Require a VJP (for ops that have one).")] = True,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="Output format.")] = ShowFormat.text,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """TorchLean's planner: the capsule chosen for OP under a policy, and why the others were refused.
 
@@ -234,7 +237,7 @@ def check(
         typer.Option(help="Target architecture; repeat for several (default: sm_80 and sm_90)."),
     ] = None,
     fmt: Annotated[ShowFormat, typer.Option("--format", help="text (tables) or json (for CI).")] = ShowFormat.text,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """Static contract checks, no GPU needed: symbols, PTX signatures, kernel budgets, launch plans.
 
@@ -276,16 +279,9 @@ def check(
 
 @app.command()
 def verify(
-    names: Annotated[
-        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
-    ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
-    backend: Annotated[
-        BackendOption,
-        typer.Option(
-            help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
-        ),
-    ] = BackendOption.auto,
+    names: NamesArgument = None,
+    all_: AllOption = False,
+    backend: BackendChoice = BackendOption.auto,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
     quick: Annotated[bool, typer.Option("--quick", help="Small samples and edges only (a CI smoke run).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs and cotangents.")] = 0,
@@ -321,7 +317,7 @@ def verify(
             "cases of a full run under valgrind or TSan can need more).",
         ),
     ] = None,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """Check every contract claim of the named capsules on a backend.
 
@@ -466,7 +462,7 @@ def sanitizer_tools(sanitize: Optional[str], check: Optional[list[str]]) -> tupl
 
 @app.command()
 def doctor(
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """What this machine has, and which commands can run here.
 

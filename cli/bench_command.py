@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import LIBRARY_HELP, load_libraries, unwritable_outputs
+from cli.options import AllOption, LibraryOption, NamesArgument, load_libraries, unwritable_outputs
 
 
 class BenchBackend(str, Enum):
@@ -26,10 +26,8 @@ class BaselineOption(str, Enum):
 
 
 def bench(
-    names: Annotated[
-        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
-    ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
+    names: NamesArgument = None,
+    all_: AllOption = False,
     suite: Annotated[
         Optional[str],
         typer.Option(
@@ -87,7 +85,7 @@ def bench(
     ] = 0.5,
     warmup: Annotated[float, typer.Option(min=0.0, help="Warm-up per measurement, in milliseconds.")] = 25.0,
     seed: Annotated[int, typer.Option(help="Seed of the sample inputs.")] = 0,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """Time kernels: median and spread, GB/s and GFLOP/s, % of the device's measured peak, beside baselines.
 

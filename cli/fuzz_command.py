@@ -8,7 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import LIBRARY_HELP, BackendOption, load_libraries, unwritable_outputs
+from cli.options import (
+    AllOption,
+    BackendChoice,
+    BackendOption,
+    LibraryOption,
+    NamesArgument,
+    load_libraries,
+    unwritable_outputs,
+)
 from cli.parallel_options import (
     DevicesOption,
     IsolateOption,
@@ -27,16 +35,9 @@ DEFAULT_SAVE = Path("capsules-fuzz-failures")
 
 
 def fuzz(
-    names: Annotated[
-        Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
-    ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")] = False,
-    backend: Annotated[
-        BackendOption,
-        typer.Option(
-            help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
-        ),
-    ] = BackendOption.auto,
+    names: NamesArgument = None,
+    all_: AllOption = False,
+    backend: BackendChoice = BackendOption.auto,
     time_budget: Annotated[
         Optional[float],
         typer.Option(
@@ -77,7 +78,7 @@ def fuzz(
     ray: RayOption = None,
     isolate: IsolateOption = None,
     launch_timeout: LaunchTimeoutOption = None,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """Search for contract violations with Hypothesis: shapes, parameters and values, invalid inputs included.
 

@@ -1,6 +1,10 @@
 """Option types shared by several commands (kept import-light: start-up reads this module)."""
 
 from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 
 class BackendOption(str, Enum):
@@ -8,6 +12,18 @@ class BackendOption(str, Enum):
     cuda = "cuda"
     emu = "emu"
     numpy = "numpy"
+
+
+BackendChoice = Annotated[
+    BackendOption,
+    typer.Option(
+        help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
+    ),
+]
+NamesArgument = Annotated[
+    Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
+]
+AllOption = Annotated[bool, typer.Option("--all", help="Every capsule of every loaded library.")]
 
 
 class ArchOption(str, Enum):
@@ -53,18 +69,20 @@ def optional_option_values(argv: list[str]) -> list[str]:
     return out
 
 
-LIBRARY_HELP = (
-    "Load a capsule library: its declaration (a .py file or a package folder). Repeatable; "
-    "the libraries of CAPSULES_LIBRARIES and of installed packages (entry points capsules.libraries) load too."
-)
+LibraryOption = Annotated[
+    Optional[list[Path]],
+    typer.Option(
+        "--library",
+        help="Load a capsule library: its declaration (a .py file or a package folder). Repeatable; the "
+        "libraries of CAPSULES_LIBRARIES and of installed packages (entry points capsules.libraries) load too.",
+    ),
+]
 
 
 def load_libraries(paths, keep_going: bool = False) -> int:
     """Load the --library declarations; say on stderr which library failed and why. A --library
     that fails is a usage error (exit 2) unless `keep_going` (list, doctor: report and go on; the
     caller exits with the code returned). Discovered libraries that fail are warnings."""
-    import typer
-
     from capsule_core.catalog import registry
     from cli.common import EXIT_OK, EXIT_USAGE, fail
 

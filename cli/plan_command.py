@@ -5,12 +5,11 @@ Kept light at import time: numpy, the registry of plans and nvcc load inside the
 """
 
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from cli.options import LIBRARY_HELP, ArchOption, load_libraries
+from cli.options import ArchOption, LibraryOption, load_libraries
 
 
 class Direction(str, Enum):
@@ -50,7 +49,7 @@ def plan(
         ),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (docs/plan-schema.md).")] = False,
-    library: Annotated[Optional[list[Path]], typer.Option("--library", help=LIBRARY_HELP)] = None,
+    library: LibraryOption = None,
 ):
     """The launches a shape gets, like a database's EXPLAIN; no GPU needed.
 

@@ -7,8 +7,8 @@ import importlib
 import json
 import shutil
 
+import family_checks as fc
 import pytest
-from family_checks import family_budget
 from typer.testing import CliRunner
 
 from capsule_core.catalog import native_cuda
@@ -42,10 +42,26 @@ def lower_budget(monkeypatch, family: str, **changes) -> KernelBudget:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_with_kernels_declares_a_budget_beside_its_plans(family):
-    budget = family_budget(family)
+    budget = fc.family_budget(family)
     assert isinstance(budget, KernelBudget) and 0 < budget.max_registers <= kernels.MAX_REGISTERS_PER_THREAD
     symbols = {r.symbol for c in native_cuda.CAPSULES if c.family == family for r in c.symbols}
     assert set(budget.registers) <= symbols and set(budget.stack_frames) <= symbols
+
+
+LAUNCH_BOUNDS = {"pointwise": False, "norm": True, "scan": True, "spectral": True}
+"""Families whose kernels all declare __launch_bounds__ (True) or none does (False); the others either."""
+
+
+@pytest.mark.parametrize("arch", kernels.ARCHES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_builds_without_warnings_or_spills_with_the_declared_entries(family, arch):
+    assert fc.build_problems(family, arch) == []
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_spells_out_each_declared_signature(family):
+    assert fc.family_ops(family) == {op for op, f in native_cuda.FAMILIES.items() if f == family}
+    assert fc.signature_problems(family, launch_bounds=LAUNCH_BOUNDS.get(family)) == []
 
 
 def test_register_budget_is_the_launch_bounds_arithmetic():

@@ -10,9 +10,9 @@ import ctypes
 import subprocess
 from pathlib import Path
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import with_launch
 from kernel_emu import HostReplay, emulator
 
 from capsule_core.backends.emu import EMULATOR_HEADER, HOST_FLAGS, LINKER_SCRIPT, find_host_compiler
@@ -390,7 +390,7 @@ def test_a_write_past_a_workspace_is_reported():
     x = np.linspace(-2, 2, n, dtype=np.float32)
     runner = emulator()
     assert np.array_equal(runner.run(plan, {"x": x})["out"], np.maximum(x, 0))
-    overrun = with_launch(plan, args=("x", "staged", n + 1))
+    overrun = fc.with_launch(plan, args=("x", "staged", n + 1))
     with pytest.raises(AssertionError, match=r"writes past buffers \(guard elements changed\): \{'staged': 1\}"):
         runner.run(overrun, {"x": x})
 
@@ -410,4 +410,4 @@ def test_planted_launch_faults_are_reported(fault, message):
     runner = emulator()
     assert np.array_equal(runner.run(_relu_plan(), {"x": x}, {"x": 1, "out": 1})["out"], np.maximum(x, 0))
     with pytest.raises(AssertionError, match=message):
-        runner.run(with_launch(_relu_plan(), **fault), {"x": x}, {"x": 1, "out": 1})
+        runner.run(fc.with_launch(_relu_plan(), **fault), {"x": x}, {"x": 1, "out": 1})

@@ -9,45 +9,18 @@ plans' sorted CSR order is right and the plans are legal."""
 import ctypes
 import dataclasses
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    bits,
-    build_problems,
-    cases,
-    emulated_paths,
-    emulated_problems,
-    family_ops,
-    float32_off_16_in,
-    gradients,
-    missed_faults,
-    plan_case_problems,
-    plan_inputs,
-    same_bits,
-    signature_problems,
-    symbols,
-    with_launch,
-)
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels.nvcc import ARCHES
 from capsule_core.kernels.plans import index as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 
 FAMILY = "index"
 OPS = ("gather", "scatter_add")
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills_with_the_declared_entries(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY) == []
 
 
 # -- the host build of index.cuh, and the path each launch takes --------------------------------------
@@ -105,7 +78,7 @@ def segment_sum(runner, lib, src, index, base_shape, axis, base=None, block=plan
     else:
         plan = plans.PLANS["scatter_add"][0]({"base": base, "index": index, "src": src}, {"axis": axis})
         feed, out = {"base": base, "src": src}, "out"
-    plan = with_launch(plan, block=(block, 1, 1))
+    plan = fc.with_launch(plan, block=(block, 1, 1))
     outer, size, inner, count = plan.launches[0].args[-4:]
     return runner.run(plan, feed)[out], lib.host_segment_warp_mode(size, inner, count, block)
 
@@ -119,8 +92,8 @@ def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
     for bit, sums under the error model; its kernels take word and 16-byte gathers, thread and warp
     sums."""
     seen = set()
-    for sample in cases(op):
-        seen.update(emulated_paths(emu, op, sample, path_of))
+    for sample in fc.cases(op):
+        seen.update(fc.emulated_paths(emu, op, sample, path_of))
     assert seen == {(f"capsule_{op}_{d}", path) for d in ("fwd", "bwd") for path in (0, 1)}
 
 
@@ -129,11 +102,11 @@ def test_unaligned_buffers_take_the_scalar_paths(emu, path_of, op):
     """Buffers 4 bytes off 16-byte alignment: the gathers must notice and move words one by one;
     also where only the inputs or only the outputs are off (a 16-byte access off alignment is the
     emulator's error, as it is a GPU's fault)."""
-    for sample in cases(op, ("small", "medium")):
-        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+    for sample in fc.cases(op, ("small", "medium")):
+        for symbol, path in fc.emulated_paths(emu, op, sample, path_of, misaligned=True):
             assert symbol in SUMS or path == 0, (sample.case, symbol)
-        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
-            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
+        for misalign in (fc.float32_off_16_in("input"), fc.float32_off_16_in("output")):
+            assert fc.emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
 
 
 def test_each_vector_path_falls_back_off_alignment(emu, path_of):
@@ -152,11 +125,11 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     ]
     for op, inputs, gather in cases:
         sample = dataclasses.replace(get_spec(op).edges()[0], inputs=inputs, params={"axis": 0}, case="vectors")
-        assert {s: path for s, path in emulated_paths(emu, op, sample, path_of) if s not in SUMS} == {gather: 1}, op
-        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+        assert {s: path for s, path in fc.emulated_paths(emu, op, sample, path_of) if s not in SUMS} == {gather: 1}, op
+        for symbol, path in fc.emulated_paths(emu, op, sample, path_of, misaligned=True):
             assert symbol in SUMS or path == 0, (op, symbol)
-        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
-            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], op
+        for misalign in (fc.float32_off_16_in("input"), fc.float32_off_16_in("output")):
+            assert fc.emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], op
 
 
 def test_bits_survive_gathers(emu):
@@ -167,16 +140,16 @@ def test_bits_survive_gathers(emu):
     for axis, index in ((1, np.array([5, 0, 0, 3, 2, 1, 4])), (2, np.array([7, 7, 1])), (0, np.array([2, 0]))):
         spec = get_spec("gather")
         arrays, p, _ = validate(spec, {"x": x, "index": index}, {"axis": axis}, np.float32)
-        y = emu.run(plans.PLANS["gather"][0](arrays, p), plan_inputs(spec, arrays))["out"]
-        assert same_bits(y, np.take(x, index, axis=axis))
+        y = emu.run(plans.PLANS["gather"][0](arrays, p), fc.plan_inputs(spec, arrays))["out"]
+        assert fc.same_bits(y, np.take(x, index, axis=axis))
         spec = get_spec("scatter_add")
         base = x
         src = np.resize(payloads[::-1], np.take(x, index, axis=axis).shape)
         arrays, p, _ = validate(spec, {"base": base, "index": index, "src": src}, {"axis": axis}, np.float32)
         g = x
-        out = emu.run(plans.PLANS["scatter_add"][1](arrays, p), {**plan_inputs(spec, arrays), "g": g})
-        got = gradients(spec, out)
-        assert same_bits(got["base"], g) and same_bits(got["src"], np.take(g, index, axis=axis))
+        out = emu.run(plans.PLANS["scatter_add"][1](arrays, p), {**fc.plan_inputs(spec, arrays), "g": g})
+        got = fc.gradients(spec, out)
+        assert fc.same_bits(got["base"], g) and fc.same_bits(got["src"], np.take(g, index, axis=axis))
 
 
 # -- the index arithmetic and the CSR order ---------------------------------------------------------------
@@ -244,7 +217,7 @@ def test_thread_sums_reproduce_np_add_at_bit_for_bit(emu, lib, axis):
             np.add.at(np.moveaxis(want, axis, 0), index, np.moveaxis(src, axis, 0))
             got, mode = segment_sum(emu, lib, src, index, shape, axis, b, block=33)  # partial warps: thread mode
             assert mode == 0
-            assert same_bits(got, want), (count, b is None)
+            assert fc.same_bits(got, want), (count, b is None)
 
 
 @pytest.mark.parametrize("block", [32, 256, 1024])
@@ -265,7 +238,7 @@ def test_warp_sums_of_long_segments(emu, lib, block):
         np.add.at(np.moveaxis(magnitude, axis, 0), index, np.moveaxis(np.abs(src.astype(np.float64)), axis, 0))
         assert (np.abs(got - want) <= count * 2.0**-24 * magnitude + 1e-30).all()
         again, _ = segment_sum(other_grid, lib, src, index, shape, axis, block=block)
-        assert same_bits(got, again)
+        assert fc.same_bits(got, again)
 
 
 def test_python_mirror_of_the_warp_mode_agrees(lib):
@@ -290,7 +263,7 @@ def test_special_values_sum_like_the_reference(emu, lib):
     index = np.array([0, 0, 1, 1, 2, 3, 4])
     got, _ = segment_sum(emu, lib, src, index, (1, 5), 1, block=33)
     assert np.isnan(got[0, :2]).all() and got[0, 2] == np.inf
-    assert bits(got[0, 3:4])[0] == 0 and got[0, 4] == 2.0
+    assert fc.bits(got[0, 3:4])[0] == 0 and got[0, 4] == 2.0
 
 
 # -- plans ----------------------------------------------------------------------------------------------
@@ -300,7 +273,7 @@ def test_special_values_sum_like_the_reference(emu, lib):
 def test_plans_are_legal_for_every_sample(op):
     """plan_case_problems (legal, fitting the registers, the declared outputs); scatter_add's forward
     reads the index as its CSR order (meta buffers), not as an input."""
-    assert plan_case_problems(op, all_inputs=False) == []
+    assert fc.plan_case_problems(op, all_inputs=False) == []
 
 
 def test_planted_launch_faults_are_caught():
@@ -312,9 +285,9 @@ def test_planted_launch_faults_are_caught():
     (launch,) = plan.launches
     short = dataclasses.replace(plan, host_data={**plan.host_data, "starts": plan.host_data["starts"][:-1]})
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("gather"),
+            fc.symbols("gather"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("7 arguments for 8", {"args": launch.args[:7]}),

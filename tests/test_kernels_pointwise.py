@@ -4,65 +4,24 @@ contract against the float64 reference, and its launch plans are legal for every
 
 import dataclasses
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    check_host_model,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    signature_problems,
-    symbols,
-)
 from hostmath import declare_kernels, f32_ptr, load
 
+from capsule_core.catalog import native_cuda
 from capsule_core.kernels.launch import parse_param
-from capsule_core.kernels.nvcc import ARCHES
 from capsule_core.kernels.plans.pointwise import BLOCK, PLANS, VECTOR
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import SPECIAL_VALUES, seeded_rng, validate
 
 FAMILY = "pointwise"
-OPS = (
-    "relu",
-    "gelu",
-    "add",
-    "sub",
-    "mul",
-    "scale",
-    "abs",
-    "sqrt",
-    "clamp",
-    "max",
-    "min",
-    "sigmoid",
-    "tanh",
-    "softplus",
-    "exp",
-    "sin",
-    "cos",
-    "log",
-    "inv",
-    "safe_log",
-)
-ALL_SYMBOLS = symbols(*OPS)
+OPS = tuple(op for op, family in native_cuda.FAMILIES.items() if family == FAMILY)
+"""The pointwise ops in catalog order."""
+ALL_SYMBOLS = fc.symbols(*OPS)
 
 
 # -- the build ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    """Each entry point is written literally (no macro-made names) with the registry's list, no
-    __launch_bounds__."""
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY, launch_bounds=False) == []
 
 
 # -- the per-element math, on the host --------------------------------------------------------------
@@ -104,11 +63,11 @@ def host_vjp(lib, spec, arrays, params, g):
 
 
 def check_forward(lib, spec, sample):
-    check_host_model(spec.name, sample, forward=lambda arrays, p: host_forward(lib, spec, arrays, p))
+    fc.check_host_model(spec.name, sample, forward=lambda arrays, p: host_forward(lib, spec, arrays, p))
 
 
 def check_vjp(lib, spec, sample, g=None):
-    check_host_model(spec.name, sample, vjp=lambda arrays, p, g: host_vjp(lib, spec, arrays, p, g), g=g)
+    fc.check_host_model(spec.name, sample, vjp=lambda arrays, p, g: host_vjp(lib, spec, arrays, p, g), g=g)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -116,14 +75,14 @@ def test_host_forward_meets_the_contract(lib, op):
     """Samples and edges (every special value; every ordered pair for binary ops): bitwise for the
     correctly rounded ops, the op's error model otherwise."""
     spec = get_spec(op)
-    for sample in cases(op, ("small", "medium")):
+    for sample in fc.cases(op, ("small", "medium")):
         check_forward(lib, spec, sample)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_host_vjp_meets_the_contract(lib, op):
     spec = get_spec(op)
-    for sample in cases(op, ("small", "medium")):
+    for sample in fc.cases(op, ("small", "medium")):
         check_vjp(lib, spec, sample)
 
 
@@ -211,7 +170,7 @@ def _one_vector_launch_per_plan(case):
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
-    assert plan_case_problems(op, reference_shapes=100_000, check=_one_vector_launch_per_plan) == []
+    assert fc.plan_case_problems(op, reference_shapes=100_000, check=_one_vector_launch_per_plan) == []
 
 
 def test_planted_launch_faults_are_caught():
@@ -220,9 +179,9 @@ def test_planted_launch_faults_are_caught():
     plan = PLANS["clamp"][1](arrays, p)
     (launch,) = plan.launches
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("clamp"),
+            fc.symbols("clamp"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("5 arguments for 6", {"args": launch.args[:2] + launch.args[3:]}),

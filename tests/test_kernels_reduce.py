@@ -4,23 +4,13 @@ kernels themselves run on the CPU emulator against the float64 reference."""
 
 import ctypes
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    emulated_problems,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    signature_problems,
-    symbols,
-)
 from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
 
 from capsule_core.catalog import reference
-from capsule_core.kernels.nvcc import ARCHES
 from capsule_core.kernels.plans import reduce as plans
 from capsule_core.ops.base import Sample
 
@@ -63,22 +53,12 @@ def _ptr(a):
 # -- build and entry points ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_builds_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY) == []
-
-
 # -- launch plans ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample_and_edge(op):
-    assert plan_case_problems(op) == []
+    assert fc.plan_case_problems(op) == []
 
 
 def test_planted_plan_faults_are_caught():
@@ -86,9 +66,9 @@ def test_planted_plan_faults_are_caught():
     plan = plans.PLANS["reduce_mean"][0]({"x": x}, {"axis": 1})
     launch = plan.launches[0]
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("reduce_mean"),
+            fc.symbols("reduce_mean"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("6 arguments for 7", {"args": launch.args[:-1]}),
@@ -271,8 +251,8 @@ def test_host_split_covers_the_segment(lib):
 @pytest.mark.parametrize("op", OPS)
 def test_emulated_kernels_match_the_reference(emulator, op):
     problems = []
-    for sample in cases(op, ("small", "medium", "large")):
-        problems += emulated_problems(emulator, op, sample)
+    for sample in fc.cases(op, ("small", "medium", "large")):
+        problems += fc.emulated_problems(emulator, op, sample)
     assert problems == []
 
 
@@ -295,16 +275,16 @@ def test_emulated_kernels_every_path_and_two_launches(emulator, op):
         ((5000, 0), 0),
     ):
         x = (2.0 * rng.standard_normal(shape)).astype(np.float32)
-        problems += emulated_problems(emulator, op, Sample({"x": x}, {"axis": axis}, f"path-{shape}-{axis}"))
+        problems += fc.emulated_problems(emulator, op, Sample({"x": x}, {"axis": axis}, f"path-{shape}-{axis}"))
     assert problems == []
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_emulated_kernels_with_misaligned_buffers(emulator, op):
     problems = []
-    for sample in cases(op, ("small", "medium")):
+    for sample in fc.cases(op, ("small", "medium")):
         for misalign in ({"x": 1, "out": 3, "partials": 2, "g": 1, "dx": 2}, {"x": 3, "dx": 1}):
-            problems += emulated_problems(emulator, op, sample, misalign)
+            problems += fc.emulated_problems(emulator, op, sample, misalign)
     assert problems == []
 
 

@@ -9,26 +9,13 @@ sample."""
 import ctypes
 import re
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    case_plans,
-    cases,
-    compared,
-    cotangent,
-    emulate,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    same_bits,
-    signature_problems,
-    symbols,
-)
 from hostmath import F32P, I64P, declare, f32, load, ptr
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import cuda_source_dir
 from capsule_core.kernels.plans import scan as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng, validate
@@ -36,20 +23,13 @@ from capsule_core.ops.base import Sample, seeded_rng, validate
 FAMILY = "scan"
 OP = "selective_scan"
 SOURCE = cuda_source_dir() / "scan.cu"
-SYMBOLS = symbols(OP)
+SYMBOLS = fc.symbols(OP)
 
 
 # -- the build ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == {OP}
-    assert signature_problems(FAMILY, launch_bounds=True) == []
+def test_the_thread_limit_is_the_plans():
     assert int(re.search(r"kMaxThreads = (\d+);", SOURCE.read_text())[1]) == plans.MAX_THREADS
 
 
@@ -77,8 +57,8 @@ def force_chunks(monkeypatch, chunks: int):
 def check_sample(emulator, sample, label: str = "") -> float:
     """The forward and backward plans of one sample on the emulator (every output written, nothing
     outside, inputs intact) against the reference; returns the worst error over its bound."""
-    run = emulate(emulator, OP, sample)
-    result = compared(OP, sample, run.y, run.grads, run.g, label)
+    run = fc.emulate(emulator, OP, sample)
+    result = fc.compared(OP, sample, run.y, run.grads, run.g, label)
     assert result.problems == [], "\n".join(result.problems)
     return result.worst
 
@@ -86,7 +66,7 @@ def check_sample(emulator, sample, label: str = "") -> float:
 def test_kernels_meet_the_contract(emulator):
     """scan.cu itself, as launched by the plans (blocks of channels by chunks), on every sample and
     edge, forward and backward."""
-    worst = max(check_sample(emulator, s) for s in cases(OP))
+    worst = max(check_sample(emulator, s) for s in fc.cases(OP))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
@@ -94,8 +74,8 @@ def test_kernels_meet_the_contract(emulator):
 def test_kernels_for_any_chunk_count(emulator, chunks, monkeypatch):
     """More chunks than steps (empty chunks), uneven chunks, one chunk (the plain recurrence)."""
     force_chunks(monkeypatch, chunks)
-    for sample in cases(OP, ("small", "medium")):
-        for plan in case_plans(OP, sample):
+    for sample in fc.cases(OP, ("small", "medium")):
+        for plan in fc.case_plans(OP, sample):
             assert plan.launches[0].block[1] == chunks
         check_sample(emulator, sample, f" chunks={chunks}")
 
@@ -127,7 +107,7 @@ def test_decay_product_in_the_subnormals_keeps_its_relative_accuracy(emulator, m
     g = np.zeros((1, 33, 1), np.float32)
     g[0, 27, 0] = 1e30
     y, d = run_plans(emulator, inputs, g)
-    result = compared(OP, Sample(inputs, {}, "fuzz", True), y, d, g, " issue 24 item 8, g[27] = 1e30")
+    result = fc.compared(OP, Sample(inputs, {}, "fuzz", True), y, d, g, " issue 24 item 8, g[27] = 1e30")
     assert d["h0"][0, 0] != 0 and result.problems == [] and result.worst < 0.1, result
 
 
@@ -177,15 +157,15 @@ def test_spec_test_vectors(emulator, chunks, monkeypatch):
 def test_results_are_bitwise_independent_of_the_grid():
     """A block walking many tiles computes each as a block of its own would: the same bits for any
     grid (one fixed order of every sum, whatever the scheduling)."""
-    for sample in cases(OP, ("small", "medium")):
+    for sample in fc.cases(OP, ("small", "medium")):
         arrays, _, out_shape = validate(get_spec(OP), sample.inputs, sample.params, np.float32)
-        g = cotangent(OP, sample.case, out_shape)
+        g = fc.cotangent(OP, sample.case, out_shape)
         y, grads = run_plans(family_emulator((3, 2)), arrays, g)
         for max_grid in ((1, 1), (7, 1)):
             y_other, grads_other = run_plans(family_emulator(max_grid), arrays, g)
-            assert same_bits(y, y_other), (sample.case, max_grid)
+            assert fc.same_bits(y, y_other), (sample.case, max_grid)
             for name, value in grads.items():
-                assert same_bits(value, grads_other[name]), (sample.case, name, max_grid)
+                assert fc.same_bits(value, grads_other[name]), (sample.case, name, max_grid)
 
 
 # -- the chunk algebra of scan.cuh, on the host -------------------------------------------------------
@@ -266,7 +246,7 @@ def _backward_reads_the_forward_result(case):
 
 
 def test_plans_are_legal_for_every_sample():
-    assert plan_case_problems(OP, check=_backward_reads_the_forward_result) == []
+    assert fc.plan_case_problems(OP, check=_backward_reads_the_forward_result) == []
 
 
 def test_tile_shapes():
@@ -300,7 +280,7 @@ def test_planted_launch_faults_are_caught():
     plan = plans.backward(arrays, p)
     launch = plan.launches[0]
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
             SYMBOLS,
             [

@@ -4,26 +4,14 @@ CPU emulator, each against the float64 reference under the op's error model."""
 
 import ctypes
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    check_host_model,
-    compared,
-    emulated_problems,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    signature_problems,
-    symbols,
-)
 from hostmath import f32_ptr, load
 from kernel_emu import emulator as family_emulator
 
 from capsule_core.catalog import reference
 from capsule_core.kernels.launch import Launch, LaunchPlan
-from capsule_core.kernels.nvcc import ARCHES
 from capsule_core.kernels.plans import softmax as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Sample, seeded_rng
@@ -54,16 +42,6 @@ def emulator():
 # -- build and entry points ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_builds_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY) == []
-
-
 # -- launch plans ------------------------------------------------------------------------------
 
 
@@ -76,7 +54,7 @@ def _uses_the_kernels_block(case):
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample_and_edge(op):
     """plan_case_problems (legal, fitting the registers, the declared outputs), on the kernels' block."""
-    assert plan_case_problems(op, check=_uses_the_kernels_block) == []
+    assert fc.plan_case_problems(op, check=_uses_the_kernels_block) == []
 
 
 def test_planted_plan_faults_are_caught():
@@ -84,9 +62,9 @@ def test_planted_plan_faults_are_caught():
     plan = plans.PLANS["softmax"][0]({"x": x}, {})
     launch = plan.launches[0]
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("softmax"),
+            fc.symbols("softmax"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("3 arguments for 4", {"args": launch.args[:-1]}),
@@ -235,8 +213,8 @@ def test_host_math_matches_the_reference_forward_and_backward(lib, op):
     def forward(arrays, _):
         return _host_forward(lib, op, arrays["x"], arrays.get("mask"))
 
-    for sample in cases(op, ("small", "medium")):
-        check_host_model(
+    for sample in fc.cases(op, ("small", "medium")):
+        fc.check_host_model(
             op, sample, forward, lambda arrays, p, g: {"x": _host_backward(lib, op, forward(arrays, p), g)}
         )
 
@@ -272,8 +250,8 @@ def test_host_nan_and_inf_rows_follow_the_reference(lib):
 @pytest.mark.parametrize("op", OPS)
 def test_emulated_kernels_match_the_reference(emulator, op):
     problems = []
-    for sample in cases(op, ("small", "medium")):
-        problems += emulated_problems(emulator, op, sample)
+    for sample in fc.cases(op, ("small", "medium")):
+        problems += fc.emulated_problems(emulator, op, sample)
     assert problems == []
 
 
@@ -281,7 +259,7 @@ def test_emulated_kernels_match_the_reference(emulator, op):
 def test_emulated_kernels_large_samples(emulator, op):
     problems = []
     for sample in get_spec(op).samples("large", seeded_rng(op, "large"))[1:]:  # (256, 4097): the split-row path
-        problems += emulated_problems(emulator, op, sample)
+        problems += fc.emulated_problems(emulator, op, sample)
     assert problems == []
 
 
@@ -337,7 +315,7 @@ def test_emulated_split_rows_match_the_block_path_and_the_reference(op):
     assert np.array_equal(np.isnan(y), np.isnan(y_block))
     assert np.array_equal(np.isinf(y), np.isinf(y_block)) and np.array_equal(y[np.isinf(y)], y_block[np.isinf(y_block)])
     finite = Sample(inputs, {}, "split-special", True)
-    assert emulated_problems(wide, op, finite) == []
+    assert fc.emulated_problems(wide, op, finite) == []
     g = rng.standard_normal((rows, cols)).astype(np.float32)
     out = np.nan_to_num(y_block, nan=0.0)
     dx = wide.run(bwd, {**inputs, "out": out, "g": g})["dx"]
@@ -364,7 +342,7 @@ def test_emulated_block_path_matches_the_reference(emulator, op):
         for misalign in (None, {"x": 1, "mask": 1, "out": 1, "g": 1, "dx": 1}, {"x": 1, "out": 2, "g": 3, "dx": 1}):
             y = emulator.run(_forced(fwd, "block", rows, cols), inputs, misalign)["out"]
             dx = emulator.run(_forced(bwd, "block", rows, cols), {**inputs, "out": y, "g": g}, misalign)["dx"]
-            problems += compared(op, sample, y, {"x": dx}, g, f" misalign {misalign}").problems
+            problems += fc.compared(op, sample, y, {"x": dx}, g, f" misalign {misalign}").problems
     assert problems == []
 
 
@@ -388,9 +366,9 @@ def test_emulated_kernels_with_misaligned_buffers(emulator, op):
     """Rows whose buffers are not equally aligned take the scalar path; equally misaligned rows
     the head/body/tail split."""
     problems = []
-    for sample in cases(op, ())[-4:]:
+    for sample in fc.cases(op, ())[-4:]:
         for misalign in ({"x": 1, "out": 2, "g": 3, "dx": 1}, {"x": 1, "mask": 1, "out": 1, "g": 1, "dx": 1}):
-            problems += emulated_problems(emulator, op, sample, misalign)
+            problems += fc.emulated_problems(emulator, op, sample, misalign)
     assert problems == []
 
 
@@ -413,5 +391,5 @@ def test_emulated_kernels_find_the_true_row_maximum(emulator, op):
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         x[np.arange(rows), rng.integers(0, cols, rows)] = 200.0
         inputs = {"x": x, "mask": np.ones_like(x)} if op == "hard_masked_softmax" else {"x": x}
-        problems += emulated_problems(emulator, op, Sample(inputs, {}, f"spike-{cols}", True))
+        problems += fc.emulated_problems(emulator, op, Sample(inputs, {}, f"spike-{cols}", True))
     assert problems == []

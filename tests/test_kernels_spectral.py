@@ -10,23 +10,13 @@ H200 at the reference shape."""
 import ctypes
 import re
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    check_host_model,
-    emulated_problems,
-    family_ops,
-    missed_faults,
-    plan_case_problems,
-    signature_problems,
-    symbols,
-)
 from hostmath import F32P, I64P, declare, load, ptr
 from kernel_emu import emulator as family_emulator
 
-from capsule_core.kernels.nvcc import ARCHES, cuda_source_dir
+from capsule_core.kernels.nvcc import cuda_source_dir
 from capsule_core.kernels.plans import spectral as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
@@ -35,20 +25,10 @@ FAMILY = "spectral"
 OP = "fft_fno"
 SOURCE = cuda_source_dir() / "spectral.cu"
 U = 2.0**-24
-SYMBOLS = symbols(OP)
+SYMBOLS = fc.symbols(OP)
 
 
 # -- the build ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == {OP}
-    assert signature_problems(FAMILY, launch_bounds=True) == []
 
 
 def test_plan_constants_match_the_kernels():
@@ -131,13 +111,13 @@ def host_vjp(lib, arrays, g_, parts=None):
 
 
 def check_forward(lib, sample, parts=None):
-    return check_host_model(
+    return fc.check_host_model(
         OP, sample, forward=lambda arrays, _: host_forward(lib, arrays, parts), label=f" parts={parts}"
     )
 
 
 def check_vjp(lib, sample, parts=None):
-    return check_host_model(
+    return fc.check_host_model(
         OP, sample, vjp=lambda arrays, _, g: host_vjp(lib, arrays, g, parts), label=f" parts={parts}"
     )
 
@@ -145,19 +125,19 @@ def check_vjp(lib, sample, parts=None):
 def test_host_forward_meets_the_contract(lib):
     """Small and medium samples and every edge, split as the plans split them (the large sample
     runs the same code, slowly)."""
-    worst = max(check_forward(lib, s) for s in cases(OP, ("small", "medium")))
+    worst = max(check_forward(lib, s) for s in fc.cases(OP, ("small", "medium")))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 def test_host_vjp_meets_the_contract(lib):
-    worst = max(check_vjp(lib, s) for s in cases(OP, ("small", "medium")))
+    worst = max(check_vjp(lib, s) for s in fc.cases(OP, ("small", "medium")))
     assert worst <= 0.5, f"the worst error uses {worst:.2f} of the bound"
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 7, 64])
 def test_host_math_with_the_analysis_split(lib, parts):
     """Any split of the grid axis (parts of one point, a short last part) meets the same models."""
-    for sample in cases(OP, ("small", "medium")):
+    for sample in fc.cases(OP, ("small", "medium")):
         g = sample.inputs["x"].shape[1]
         if parts <= g:
             check_forward(lib, sample, parts)
@@ -250,8 +230,8 @@ def test_kernels_on_the_emulator(emulator):
     """spectral.cu itself, as launched by the plans (medium samples split the analysis in parts):
     every output written, nothing outside, inputs intact, values within the error model."""
     problems = []
-    for sample in cases(OP, ("small", "medium")):
-        problems += emulated_problems(emulator, OP, sample)
+    for sample in fc.cases(OP, ("small", "medium")):
+        problems += fc.emulated_problems(emulator, OP, sample)
     assert problems == []
 
 
@@ -260,9 +240,9 @@ def test_kernels_on_the_emulator_split_to_single_points(emulator, monkeypatch):
     spans that leave a short last part."""
     monkeypatch.setattr(plans, "MIN_SPAN", 1)
     problems, split = [], 0
-    for sample in cases(OP, ("small",)):
+    for sample in fc.cases(OP, ("small",)):
         split += plan_parts(sample.inputs) > 1
-        problems += emulated_problems(emulator, OP, sample, {"x": 1, "w_re": 2, "g": 3})
+        problems += fc.emulated_problems(emulator, OP, sample, {"x": 1, "w_re": 2, "g": 3})
     assert problems == [] and split >= 3
 
 
@@ -271,10 +251,10 @@ def test_kernels_on_the_emulator_with_64_bit_turns(emulator, monkeypatch):
     turn by doubling), which the plans launch for grids past 2^31, here for every grid."""
     monkeypatch.setattr(plans, "TURN32_LIMIT", 0)
     problems = []
-    for sample in cases(OP, ("small", "medium")):
+    for sample in fc.cases(OP, ("small", "medium")):
         fwd = plans.forward(sample.inputs, sample.params)
         assert fwd.launches[1].symbol == "capsule_fft_fno_fwd_analysis_wide"
-        problems += emulated_problems(emulator, OP, sample)
+        problems += fc.emulated_problems(emulator, OP, sample)
     assert problems == []
 
 
@@ -290,7 +270,7 @@ def _launches(case):
 
 
 def test_plans_are_legal_for_every_sample():
-    assert plan_case_problems(OP, check=_launches) == []
+    assert fc.plan_case_problems(OP, check=_launches) == []
 
 
 def _plans(b, g, ci, co, m):
@@ -368,7 +348,7 @@ def test_planted_launch_faults_are_caught():
     launch = plan.launches[1]
     assert launch.symbol == "capsule_fft_fno_fwd_analysis"
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
             SYMBOLS,
             [

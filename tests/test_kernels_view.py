@@ -9,39 +9,21 @@ import ctypes
 import dataclasses
 import itertools
 
+import family_checks as fc
 import numpy as np
 import pytest
-from family_checks import (
-    build_problems,
-    cases,
-    emulated_paths,
-    emulated_problems,
-    family_ops,
-    family_symbols,
-    float32_off_16_in,
-    gradients,
-    missed_faults,
-    plan_case_problems,
-    plan_cases,
-    plan_inputs,
-    same_bits,
-    signature_problems,
-    symbols,
-    with_launch,
-)
 from hostmath import declare, i64, load
 from kernel_emu import emulator as family_emulator
 
 from capsule_core.catalog import registry
 from capsule_core.kernels.launch import Buffer, plan_functions, plan_problems
-from capsule_core.kernels.nvcc import ARCHES
 from capsule_core.kernels.plans import view as plans
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import seeded_rng, validate
 
 FAMILY = "view"
 OPS = ("reshape", "permute", "broadcast", "concat", "slice")
-SYMBOLS = family_symbols(FAMILY)
+SYMBOLS = fc.family_symbols(FAMILY)
 
 PAYLOADS = np.array(
     [0x7FC00001, 0xFFC12345, 0x7FA00001, 0x80000000, 0x00000001, 0xFF800000, 0x3F800000], dtype=np.uint32
@@ -50,16 +32,6 @@ PAYLOADS = np.array(
 
 
 # -- the build ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-def test_compiles_without_warnings_or_spills_with_the_declared_entries(arch):
-    assert build_problems(FAMILY, arch) == []
-
-
-def test_source_spells_out_each_declared_signature():
-    assert family_ops(FAMILY) == set(OPS)
-    assert signature_problems(FAMILY) == []
 
 
 def test_reshape_names_no_kernel():
@@ -145,7 +117,7 @@ def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
     """cuda/view.cu itself (shared-memory tiles, barriers, warp shuffles, grid-stride loops) on
     every sample and edge, bit for bit against numpy (broadcast's backward sum under its error
     model), taking every path of its kernels (broadcast's forward repeating its last axis too)."""
-    samples = cases(op)
+    samples = fc.cases(op)
     if op == "broadcast":
         samples.append(
             sample_of(
@@ -154,7 +126,7 @@ def test_kernels_run_unchanged_on_the_emulator(emu, path_of, op):
         )
     seen = set()
     for sample in samples:
-        seen.update(emulated_paths(emu, op, sample, path_of))
+        seen.update(fc.emulated_paths(emu, op, sample, path_of))
     assert seen == PATHS[op]
 
 
@@ -163,12 +135,12 @@ def test_unaligned_buffers_take_the_scalar_paths(emu, path_of, op):
     """Buffers 4 bytes off 16-byte alignment: the kernels must notice and move words one by one;
     also where only the inputs or only the outputs are off (a 16-byte access off alignment is the
     emulator's error, as it is a GPU's fault)."""
-    for sample in cases(op, ("small", "medium")):
-        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+    for sample in fc.cases(op, ("small", "medium")):
+        for symbol, path in fc.emulated_paths(emu, op, sample, path_of, misaligned=True):
             if symbol != "capsule_broadcast_bwd":
                 assert path in (SCALAR, TILE), (sample.case, symbol, path)
-        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
-            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
+        for misalign in (fc.float32_off_16_in("input"), fc.float32_off_16_in("output")):
+            assert fc.emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], sample.case
 
 
 def test_each_vector_path_falls_back_off_alignment(emu, path_of):
@@ -188,12 +160,12 @@ def test_each_vector_path_falls_back_off_alignment(emu, path_of):
     ]
     for op, inputs, params, vectors in cases:
         sample = sample_of(op, inputs, params, "vectors")
-        assert [path for _, path in emulated_paths(emu, op, sample, path_of)] == vectors, (op, params)
-        for symbol, path in emulated_paths(emu, op, sample, path_of, misaligned=True):
+        assert [path for _, path in fc.emulated_paths(emu, op, sample, path_of)] == vectors, (op, params)
+        for symbol, path in fc.emulated_paths(emu, op, sample, path_of, misaligned=True):
             if symbol != "capsule_broadcast_bwd":
                 assert path == SCALAR, (op, params, symbol)
-        for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
-            assert emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], (op, params)
+        for misalign in (fc.float32_off_16_in("input"), fc.float32_off_16_in("output")):
+            assert fc.emulated_problems(emu, op, sample, misalign, exact_bits=True) == [], (op, params)
 
 
 def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
@@ -212,7 +184,7 @@ def test_row_starts_off_16_bytes_take_word_moves(emu, path_of):
         ("broadcast", {"x": x(3, 1, 2)}, {"shape": (3, 2, 2)}),
     ]
     for op, inputs, params in cases:
-        paths = emulated_paths(emu, op, sample_of(op, inputs, params, "odd-starts"), path_of)
+        paths = fc.emulated_paths(emu, op, sample_of(op, inputs, params, "odd-starts"), path_of)
         assert all(path == 0 for symbol, path in paths if symbol != "capsule_broadcast_bwd"), (op, paths)
 
 
@@ -232,16 +204,16 @@ def test_bits_survive_every_view(emu):
         spec = get_spec(op)
         fwd, bwd = plan_functions(registry.lookup(op))
         arrays, p, out_shape = validate(spec, inputs, params, np.float32)
-        y = emu.run(fwd(arrays, p), plan_inputs(spec, arrays))["out"]
-        assert same_bits(y, spec.forward(arrays, p)), op
+        y = emu.run(fwd(arrays, p), fc.plan_inputs(spec, arrays))["out"]
+        assert fc.same_bits(y, spec.forward(arrays, p)), op
         if op != "broadcast":  # its backward adds
             g = np.resize(PAYLOADS[::-1], out_shape)
-            got = gradients(spec, emu.run(bwd(arrays, p), {**plan_inputs(spec, arrays), "g": g}))
+            got = fc.gradients(spec, emu.run(bwd(arrays, p), {**fc.plan_inputs(spec, arrays), "g": g}))
             want = spec.vjp(arrays, p, y, g)
             for name in spec.differentiable:
                 pairs = zip(got[name], want[name]) if isinstance(want[name], tuple) else [(got[name], want[name])]
                 for a, b in pairs:
-                    assert same_bits(a, b), f"{op} d{name}"
+                    assert fc.same_bits(a, b), f"{op} d{name}"
 
 
 # -- the index arithmetic against numpy --------------------------------------------------------------
@@ -302,7 +274,7 @@ def with_geometry(plan, shape, stride):
     )
     plan = dataclasses.replace(plan, buffers=buffers, host_data={**plan.host_data, "geometry": geometry})
     (launch,) = plan.launches
-    return with_launch(plan, args=(*launch.args[:3], len(shape), launch.args[4]))
+    return fc.with_launch(plan, args=(*launch.args[:3], len(shape), launch.args[4]))
 
 
 def test_permute_every_rank_and_permutation_kind(emu, path_of):
@@ -318,7 +290,7 @@ def test_permute_every_rank_and_permutation_kind(emu, path_of):
             perm = tuple(int(a) for a in rng.permutation(rank))
             x = rng.standard_normal(shape).astype(np.float32)
             want = np.transpose(x, perm)
-            emulated_paths(
+            fc.emulated_paths(
                 emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, f"rank{rank}-{trial}"), path_of
             )
             if x.size:
@@ -326,7 +298,7 @@ def test_permute_every_rank_and_permutation_kind(emu, path_of):
                 raw = with_geometry(
                     forward({"x": x}, {"perm": perm}), [shape[a] for a in perm], [strides[a] for a in perm]
                 )
-                assert same_bits(emu.run(raw, {"x": x})["out"], want), (shape, perm)
+                assert fc.same_bits(emu.run(raw, {"x": x})["out"], want), (shape, perm)
 
 
 @pytest.mark.parametrize(
@@ -346,7 +318,7 @@ def test_permute_every_rank_and_permutation_kind(emu, path_of):
 def test_permute_tiles_partial_and_batched(emu, path_of, shape, perm):
     """Tiles that overhang both axes, last axes narrower than 32 (TB < 32), batched transposes."""
     x = seeded_rng("view", f"tiles{shape}").standard_normal(shape).astype(np.float32)
-    paths = emulated_paths(emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, "tiles"), path_of)
+    paths = fc.emulated_paths(emu, "permute", sample_of("permute", {"x": x}, {"perm": perm}, "tiles"), path_of)
     assert paths[0] == ("capsule_permute_fwd", TILE)
 
 
@@ -386,7 +358,7 @@ def test_broadcast_backward_sums_for_any_block(emu, lib, block):
     for x_shape, target in cases:
         g = rng.standard_normal(target).astype(np.float32)
         arrays, p, _ = validate(spec, {"x": np.zeros(x_shape, np.float32)}, {"shape": target}, np.float32)
-        plan = with_launch(plans.PLANS["broadcast"][1](arrays, p), block=(block, 1, 1))
+        plan = fc.with_launch(plans.PLANS["broadcast"][1](arrays, p), block=(block, 1, 1))
         geometry, rank = i64(plan.host_data["geometry"]), plan.launches[0].args[3]
         assert lib.host_broadcast_row_mode(geometry.ctypes.data, rank) == (geometry[-1] == 0)
         dx = emu.run(plan, {"g": g})["dx"]
@@ -398,7 +370,7 @@ def test_broadcast_backward_sums_for_any_block(emu, lib, block):
         bound = copies * 2.0**-24 * np.abs(g).astype(np.float64).sum(axis=axes).reshape(x_shape) * 1.01
         assert (np.abs(got - want) <= bound).all(), (x_shape, target)
         if copies <= 1:
-            assert same_bits(dx, want.astype(np.float32)), (x_shape, target)
+            assert fc.same_bits(dx, want.astype(np.float32)), (x_shape, target)
 
 
 def test_row_copies_of_concat_and_slice(lib):
@@ -431,7 +403,7 @@ def test_slice_backward_vector_and_scalar_paths(emu, path_of):
         assert path_of(plan, plan.launches[0], True) == vec
         want = np.zeros((outer, size, inner), np.float32)
         want[:, start : start + length] = g
-        assert same_bits(emu.run(plan, {"g": g})["dx"], want)
+        assert fc.same_bits(emu.run(plan, {"g": g})["dx"], want)
 
 
 # -- plans ----------------------------------------------------------------------------------------------
@@ -448,19 +420,19 @@ def _whole_warps(case):
 @pytest.mark.parametrize("op", OPS)
 def test_plans_are_legal_for_every_sample(op):
     """plan_case_problems (legal, fitting the registers, the declared outputs), in blocks of whole warps."""
-    assert plan_case_problems(op, reference_shapes=np.inf, check=_whole_warps) == []
+    assert fc.plan_case_problems(op, reference_shapes=np.inf, check=_whole_warps) == []
 
 
 def test_every_kernel_is_launched():
     launched = {
-        launch.symbol for op in OPS for case in plan_cases(op) for plan in case.plans for launch in plan.launches
+        launch.symbol for op in OPS for case in fc.plan_cases(op) for plan in case.plans for launch in plan.launches
     }
     assert launched == set(SYMBOLS)
 
 
 def test_reshape_plans_alias_their_input():
     spec = get_spec("reshape")
-    for sample in cases("reshape"):
+    for sample in fc.cases("reshape"):
         arrays, p, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         fwd, bwd = plans.PLANS["reshape"][0](arrays, p), plans.PLANS["reshape"][1](arrays, p)
         assert fwd.launches == bwd.launches == ()
@@ -475,9 +447,9 @@ def test_planted_launch_faults_are_caught():
     plan = plans.PLANS["permute"][0](arrays, p)
     (launch,) = plan.launches
     assert (
-        missed_faults(
+        fc.missed_faults(
             plan,
-            symbols("permute"),
+            fc.symbols("permute"),
             [
                 ("2048 threads", {"block": (2048, 1, 1)}),
                 ("4 arguments for 5", {"args": launch.args[:4]}),

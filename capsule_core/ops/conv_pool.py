@@ -18,30 +18,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from capsule_core.errors import ParamError, ShapeError
-from capsule_core.ops.base import (
-    ORDER_LENGTH,
-    SPECIAL_VALUES,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    Exact,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
-STRIDE = Param("stride", "per_axis", default=1, doc="step between windows, >= 1 (int: every axis)")
-PADDING = Param("padding", "per_axis", default=0, doc="zeros added on both sides, >= 0 (int: every axis)")
-KERNEL = Param("kernel", "per_axis", doc="window size, >= 1 (int: every axis)")
-POOL_STRIDE = Param("stride", "per_axis", default=None, doc="step between windows, >= 1; default: kernel")
-POOL_PADDING = Param("padding", "per_axis", default=0, doc="on both sides, 0 <= padding <= kernel/2")
-BETA = Param("beta", "float", doc="sharpness; finite and nonzero as float32 (< 0: smooth min)")
+STRIDE = base.Param("stride", "per_axis", default=1, doc="step between windows, >= 1 (int: every axis)")
+PADDING = base.Param("padding", "per_axis", default=0, doc="zeros added on both sides, >= 0 (int: every axis)")
+KERNEL = base.Param("kernel", "per_axis", doc="window size, >= 1 (int: every axis)")
+POOL_STRIDE = base.Param("stride", "per_axis", default=None, doc="step between windows, >= 1; default: kernel")
+POOL_PADDING = base.Param("padding", "per_axis", default=0, doc="on both sides, 0 <= padding <= kernel/2")
+BETA = base.Param("beta", "float", doc="sharpness; finite and nonzero as float32 (< 0: smooth min)")
 
 MAX_SELECTION = "first maximum in window order"
 """The reference's tie policy: the gradient goes to the first maximal cell, row-major in the window."""
@@ -152,7 +136,7 @@ def _conv_geometry(shapes, params):
 def _conv_shape_rule(op: str, transposed: bool):
     def shape(shapes, params):
         x, w, b = tuple(shapes["x"]), tuple(shapes["w"]), tuple(shapes["b"])
-        require_rank(op, "x", x, 3, 5)
+        base.require_rank(op, "x", x, 3, 5)
         r = len(x) - 2
         layout = "(Ci, Co, *kernel)" if transposed else "(Co, Ci, *kernel)"
         if len(w) != len(x):
@@ -239,18 +223,18 @@ def _conv_transpose_vjp_magnitude(a, p, y, g):
 
 
 def _kernel_volume(shapes) -> int:
-    return numel(tuple(shapes["w"])[2:])
+    return base.numel(tuple(shapes["w"])[2:])
 
 
 def _conv_out_positions(shapes, params) -> int:
     """N·prod(L): the terms of conv's w and b gradients."""
     x, w, stride, padding = _conv_geometry(shapes, params)
-    return x[0] * numel(tuple(_out_len(n, k, s, q) for n, k, s, q in zip(x[2:], w[2:], stride, padding)))
+    return x[0] * base.numel(tuple(_out_len(n, k, s, q) for n, k, s, q in zip(x[2:], w[2:], stride, padding)))
 
 
 def _transposed_out_positions(shapes, params) -> int:
     x, w, stride, padding = _conv_geometry(shapes, params)
-    return x[0] * numel(tuple(_transposed_len(n, k, s, q) for n, k, s, q in zip(x[2:], w[2:], stride, padding)))
+    return x[0] * base.numel(tuple(_transposed_len(n, k, s, q) for n, k, s, q in zip(x[2:], w[2:], stride, padding)))
 
 
 def _conv_cost(shape_rule, transposed: bool):
@@ -259,9 +243,11 @@ def _conv_cost(shape_rule, transposed: bool):
         out = shape_rule(shapes, params)
         # A multiply-add (2 flops) per (input cell, weight) pair that meets, plus the bias: conv pairs
         # each output with Ci*prod(k) weights, conv_transpose each input cell with Co*prod(k).
-        pairs = (numel(x) if transposed else numel(out)) * w[1] * _kernel_volume(shapes)
-        return Cost(
-            bytes_read=4 * (numel(x) + numel(w) + out[1]), bytes_written=4 * numel(out), flops=2 * pairs + numel(out)
+        pairs = (base.numel(x) if transposed else base.numel(out)) * w[1] * _kernel_volume(shapes)
+        return base.Cost(
+            bytes_read=4 * (base.numel(x) + base.numel(w) + out[1]),
+            bytes_written=4 * base.numel(out),
+            flops=2 * pairs + base.numel(out),
         )
 
     return cost
@@ -299,31 +285,31 @@ CONV_TRANSPOSE_SIZES = {
 
 def _conv_arrays(rng, x_shape, w_shape, co: int) -> dict:
     """x ~ N(0, 1), w scaled by 1/sqrt(fan-in) so outputs stay O(1), b ~ N(0, 1/4)."""
-    fan_in = max(1, numel(w_shape[1:]))
+    fan_in = max(1, base.numel(w_shape[1:]))
     return {
-        "x": f32(rng.standard_normal(x_shape)),
-        "w": f32(rng.standard_normal(w_shape) / math.sqrt(fan_in)),
-        "b": f32(0.5 * rng.standard_normal(co)),
+        "x": base.f32(rng.standard_normal(x_shape)),
+        "w": base.f32(rng.standard_normal(w_shape) / math.sqrt(fan_in)),
+        "b": base.f32(0.5 * rng.standard_normal(co)),
     }
 
 
 def _conv_samples(sizes: dict, transposed: bool):
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         out = []
         for i, (x, w, s, q) in enumerate(sizes[size]):
             co = w[1] if transposed else w[0]
-            out.append(Sample(_conv_arrays(rng, x, w, co), {"stride": s, "padding": q}, f"{size}-{i}"))
+            out.append(base.Sample(_conv_arrays(rng, x, w, co), {"stride": s, "padding": q}, f"{size}-{i}"))
         return out
 
     return samples
 
 
 def _conv_edges(op: str, transposed: bool, cases):
-    def edges() -> list[Sample]:
+    def edges() -> list[base.Sample]:
         out = []
         for case, x, w, params in cases:
-            arrays = _conv_arrays(seeded_rng(op, case), x, w, w[1] if transposed else w[0])
-            out.append(Sample(arrays, params, case, True))
+            arrays = _conv_arrays(base.seeded_rng(op, case), x, w, w[1] if transposed else w[0])
+            out.append(base.Sample(arrays, params, case, True))
         return out
 
     return edges
@@ -363,16 +349,16 @@ taps is n reduction steps of the implicit GEMM in each of ~n/128 blocks of its b
 350 s on the emulator at 4099 taps, 22 s at 1027); 2²⁴ still swallows every one of its 1025 ones."""
 
 
-def _order_rows(n: int = ORDER_LENGTH) -> np.ndarray:
+def _order_rows(n: int = base.ORDER_LENGTH) -> np.ndarray:
     """The three orders of order_terms as rows (3, n): one batch element per order."""
-    return np.stack(list(order_terms(n).values()))
+    return np.stack(list(base.order_terms(n).values()))
 
 
 def _conv_order_inputs(transposed: bool):
     """Weights of ones (exact products), the orders along the input channels (a 1×1 kernel);
     for conv also along one window (Ci = 1, kernel = input length: a single output)."""
 
-    def order_inputs() -> list[Sample]:
+    def order_inputs() -> list[base.Sample]:
         rows = _order_rows()
         n = rows.shape[1]
         channels = {
@@ -380,7 +366,7 @@ def _conv_order_inputs(transposed: bool):
             "w": np.ones((n, 1, 1) if transposed else (1, n, 1), np.float32),
             "b": np.zeros(1, np.float32),
         }
-        out = [Sample(channels, {}, "order-channels", True)]
+        out = [base.Sample(channels, {}, "order-channels", True)]
         if not transposed:
             rows = _order_rows(WINDOW_ORDER_LENGTH)
             window = {
@@ -388,7 +374,7 @@ def _conv_order_inputs(transposed: bool):
                 "w": np.ones((1, 1, WINDOW_ORDER_LENGTH), np.float32),
                 "b": np.zeros(1, np.float32),
             }
-            out.append(Sample(window, {}, "order-window", True))
+            out.append(base.Sample(window, {}, "order-window", True))
         return out
 
     return order_inputs
@@ -400,7 +386,7 @@ def _conv_errors(op: str, transposed: bool):
 
     def case(i, x, w, b, params, error, match):
         inputs = {"x": np.zeros(x, np.float32), "w": np.zeros(w, np.float32), "b": np.zeros(b, np.float32)}
-        return ErrorCase(Sample(inputs, params, f"error-{i}"), error, match)
+        return base.ErrorCase(base.Sample(inputs, params, f"error-{i}"), error, match)
 
     rows = [
         ((2, 4), w_shape(4, 3, 2), (3,), {}, ShapeError, r"x: must have rank 3 to 5"),
@@ -432,11 +418,11 @@ def _conv_errors(op: str, transposed: bool):
         ((2, 4, 5, 5), w_shape(4, 3, 2, 2), (3,), {"dilation": 2}, ParamError, r"dilation: unknown parameter"),
     ]
 
-    def errors() -> list[ErrorCase]:
+    def errors() -> list[base.ErrorCase]:
         out = [case(i, *row) for i, row in enumerate(rows)]
         out.append(
-            ErrorCase(
-                Sample(
+            base.ErrorCase(
+                base.Sample(
                     {"x": np.zeros((1, 1, 3), np.float32), "w": np.zeros((1, 1, 2), np.float32)}, {}, "error-missing-b"
                 ),
                 ShapeError,
@@ -450,15 +436,19 @@ def _conv_errors(op: str, transposed: bool):
 
 def _conv_spec(
     name: str, transposed: bool, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error, sizes, edges, doc: str
-) -> OpSpec:
+) -> base.OpSpec:
     """conv and conv_transpose: the same inputs and parameters; w's first two axes swap roles."""
     w_rank = "(Ci, Co, *kernel)" if transposed else "(Co, Ci, *kernel)"
     rule = "(N, Co, *[max(0, (in-1)*s + k - 2p)])" if transposed else "(N, Co, *[(in + 2p - k)//s + 1, or 0])"
     shape_rule = _conv_shape_rule(name, transposed)
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="conv_pool",
-        inputs=(Tensor("x", "(N, Ci, *spatial), spatial rank 1 to 3"), Tensor("w", w_rank), Tensor("b", "(Co)")),
+        inputs=(
+            base.Tensor("x", "(N, Ci, *spatial), spatial rank 1 to 3"),
+            base.Tensor("w", w_rank),
+            base.Tensor("b", "(Co)"),
+        ),
         params=(STRIDE, PADDING),
         shape_rule=rule,
         shape=shape_rule,
@@ -484,17 +474,17 @@ CONV = _conv_spec(
     vjp=_conv_vjp,
     magnitude=_conv_magnitude,
     vjp_magnitude=_conv_vjp_magnitude,
-    error=Accumulation(
+    error=base.Accumulation(
         2,
         "Ci*prod(k) products plus the bias summed: n = Ci*prod(k) + 1; the product rounding and one spare",
         lambda s, p: tuple(s["w"])[1] * _kernel_volume(s) + 1,
     ),
     vjp_error={
-        "x": Accumulation(
+        "x": base.Accumulation(
             2, "each x cell sums at most Co*prod(k) products g*w", lambda s, p: tuple(s["w"])[0] * _kernel_volume(s)
         ),
-        "w": Accumulation(2, "each weight sums N*prod(L) products g*x", _conv_out_positions),
-        "b": Accumulation(1, "each bias sums N*prod(L) cotangents", _conv_out_positions),
+        "w": base.Accumulation(2, "each weight sums N*prod(L) products g*x", _conv_out_positions),
+        "b": base.Accumulation(1, "each bias sums N*prod(L) cotangents", _conv_out_positions),
     },
     sizes=CONV_SIZES,
     edges=CONV_EDGES,
@@ -509,17 +499,21 @@ CONV_TRANSPOSE = _conv_spec(
     vjp=_conv_transpose_vjp,
     magnitude=_conv_transpose_magnitude,
     vjp_magnitude=_conv_transpose_vjp_magnitude,
-    error=Accumulation(
+    error=base.Accumulation(
         2,
         "each output sums at most Ci*prod(k) products x*w plus the bias",
         lambda s, p: tuple(s["w"])[0] * _kernel_volume(s) + 1,
     ),
     vjp_error={
-        "x": Accumulation(2, "a conv of g: Co*prod(k) products", lambda s, p: tuple(s["w"])[1] * _kernel_volume(s)),
-        "w": Accumulation(
-            2, "each weight sums N*prod(in) products x*g", lambda s, p: numel(tuple(s["x"])[:1] + tuple(s["x"])[2:])
+        "x": base.Accumulation(
+            2, "a conv of g: Co*prod(k) products", lambda s, p: tuple(s["w"])[1] * _kernel_volume(s)
         ),
-        "b": Accumulation(1, "each bias sums N*prod(out) cotangents", _transposed_out_positions),
+        "w": base.Accumulation(
+            2,
+            "each weight sums N*prod(in) products x*g",
+            lambda s, p: base.numel(tuple(s["x"])[:1] + tuple(s["x"])[2:]),
+        ),
+        "b": base.Accumulation(1, "each bias sums N*prod(out) cotangents", _transposed_out_positions),
     },
     sizes=CONV_TRANSPOSE_SIZES,
     edges=CONV_TRANSPOSE_EDGES,
@@ -542,7 +536,7 @@ def _pool_geometry(x_ndim: int, params):
 def _pool_shape_rule(op: str):
     def shape(shapes, params):
         x = tuple(shapes["x"])
-        require_rank(op, "x", x, 3, 5)
+        base.require_rank(op, "x", x, 3, 5)
         r = len(x) - 2
         kernel = _check_per_axis(op, "kernel", params["kernel"], r, 1)
         stride = kernel if params["stride"] is None else _check_per_axis(op, "stride", params["stride"], r, 1)
@@ -562,7 +556,7 @@ def _window_cells(x, params, pad_value: float):
     """(windows as (N, C, *L, K) with K = prod(kernel), geometry) of x padded with pad_value."""
     kernel, stride, padding = _pool_geometry(x.ndim, params)
     win = _windows(_pad(x, padding, pad_value), kernel, stride)
-    return win.reshape(win.shape[: x.ndim] + (numel(kernel),)), (kernel, stride, padding)
+    return win.reshape(win.shape[: x.ndim] + (base.numel(kernel),)), (kernel, stride, padding)
 
 
 def _unfold_back(cells, x_shape, geometry):
@@ -576,11 +570,11 @@ def _unfold_back(cells, x_shape, geometry):
 def _overlap(shapes, params) -> int:
     """At most how many windows cover one cell: prod(ceil(k/s))."""
     kernel, stride, _ = _pool_geometry(len(tuple(shapes["x"])), params)
-    return numel(tuple(-(-k // s) for k, s in zip(kernel, stride)))
+    return base.numel(tuple(-(-k // s) for k, s in zip(kernel, stride)))
 
 
 def _volume(shapes, params) -> int:
-    return numel(_pool_geometry(len(tuple(shapes["x"])), params)[0])
+    return base.numel(_pool_geometry(len(tuple(shapes["x"])), params)[0])
 
 
 def _max_pool(a, p):
@@ -603,7 +597,7 @@ def _max_pool_vjp(a, p, y, g):
 def max_pool_windows(x_shape, params) -> np.ndarray:
     """Each output's window as flat indices into x, row-major in the window, −1 for padding:
     shape (outputs, kernel volume). What verify's selection.ties check needs to judge a gradient."""
-    index = np.arange(numel(x_shape), dtype=np.int64).reshape(x_shape)
+    index = np.arange(base.numel(x_shape), dtype=np.int64).reshape(x_shape)
     cells, _ = _window_cells(index, params, -1)
     return cells.reshape(-1, cells.shape[-1])
 
@@ -668,8 +662,8 @@ def _pool_cost(name: str, flops_per_cell: int, flops_per_output: int):
     def cost(shapes, params):
         x = tuple(shapes["x"])
         out = _pool_shape_rule(name)(shapes, params)
-        flops = numel(out) * (flops_per_cell * _volume(shapes, params) + flops_per_output)
-        return Cost(bytes_read=4 * numel(x), bytes_written=4 * numel(out), flops=flops)
+        flops = base.numel(out) * (flops_per_cell * _volume(shapes, params) + flops_per_output)
+        return base.Cost(bytes_read=4 * base.numel(x), bytes_written=4 * base.numel(out), flops=flops)
 
     return cost
 
@@ -689,32 +683,32 @@ POOL_SIZES = {
 def _distinct(rng, shape):
     """Values 0.25 apart in random order (plus small noise): no ties, no near-ties for finite
     differences, mixed signs."""
-    size = numel(shape)
+    size = base.numel(shape)
     values = 0.25 * (rng.permutation(size) - size / 2.0) + 0.01 * rng.uniform(-1.0, 1.0, size)
-    return f32(values.reshape(shape))
+    return base.f32(values.reshape(shape))
 
 
 def _pool_samples(betas=()):
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         out = []
         for i, (shape, kernel, stride, padding) in enumerate(POOL_SIZES[size]):
             params = {"kernel": kernel, "padding": padding, **({} if stride is None else {"stride": stride})}
             if betas:
                 params["beta"] = betas[i % len(betas)]
-            x = _distinct(rng, shape) if size == "small" else f32(2.0 * rng.standard_normal(shape))
-            out.append(Sample({"x": x}, params, f"{size}-{i}"))
+            x = _distinct(rng, shape) if size == "small" else base.f32(2.0 * rng.standard_normal(shape))
+            out.append(base.Sample({"x": x}, params, f"{size}-{i}"))
         return out
 
     return samples
 
 
-def _pool_edges(op: str, cases) -> list[Sample]:
+def _pool_edges(op: str, cases) -> list[base.Sample]:
     """Edge samples from (case, x or a shape to draw, params)."""
     out = []
     for case, x, params in cases:
         if isinstance(x, tuple):
-            x = 2.0 * seeded_rng(op, case).standard_normal(x)
-        out.append(Sample({"x": f32(x)}, params, case, True))
+            x = 2.0 * base.seeded_rng(op, case).standard_normal(x)
+        out.append(base.Sample({"x": base.f32(x)}, params, case, True))
     return out
 
 
@@ -732,13 +726,13 @@ def _common_pool_edges(extra: dict):
     ]
 
 
-SPECIAL_NO_NEGATIVE_ZERO = SPECIAL_VALUES[~((SPECIAL_VALUES == 0) & np.signbit(SPECIAL_VALUES))]
+SPECIAL_NO_NEGATIVE_ZERO = base.SPECIAL_VALUES[~((base.SPECIAL_VALUES == 0) & np.signbit(base.SPECIAL_VALUES))]
 """The special values without −0: a ±0 tie has no defined winner sign, so a bitwise comparison
 of a max over +0 and −0 would depend on the traversal order."""
 
 
-def _max_pool_edges() -> list[Sample]:
-    rng = seeded_rng("max_pool", "edge-values")
+def _max_pool_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("max_pool", "edge-values")
     nan, inf = np.nan, np.inf
     all_nan = np.arange(16.0).reshape(1, 1, 4, 4)
     all_nan[..., :2, :2] = nan
@@ -764,8 +758,8 @@ def _max_pool_edges() -> list[Sample]:
     )
 
 
-def _avg_pool_edges() -> list[Sample]:
-    rng = seeded_rng("avg_pool", "edge-values")
+def _avg_pool_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("avg_pool", "edge-values")
     return _pool_edges(
         "avg_pool",
         _common_pool_edges({})
@@ -776,8 +770,8 @@ def _avg_pool_edges() -> list[Sample]:
     )
 
 
-def _smooth_max_pool_edges() -> list[Sample]:
-    rng = seeded_rng("smooth_max_pool", "edge-values")
+def _smooth_max_pool_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("smooth_max_pool", "edge-values")
     x = 3.0 * rng.standard_normal((2, 2, 6, 6))
     return _pool_edges(
         "smooth_max_pool",
@@ -804,10 +798,10 @@ def _pool_order_inputs(signed: bool, extra: dict):
     smooth_max_pool ln(terms) of the non-negative ones, whose exp(beta·(v − pivot)) with
     beta = 1 are 1 among many 2⁻²⁴."""
 
-    def order_inputs() -> list[Sample]:
-        rows = np.stack(list(order_terms(signed=signed).values()))
-        x = (rows if signed else f32(np.log(rows)))[:, None, :]
-        return [Sample({"x": x}, {"kernel": x.shape[-1], **extra}, "order-window", True)]
+    def order_inputs() -> list[base.Sample]:
+        rows = np.stack(list(base.order_terms(signed=signed).values()))
+        x = (rows if signed else base.f32(np.log(rows)))[:, None, :]
+        return [base.Sample({"x": x}, {"kernel": x.shape[-1], **extra}, "order-window", True)]
 
     return order_inputs
 
@@ -837,8 +831,8 @@ def _pool_errors(op: str, extra: dict):
             (x4, {"kernel": 2, "beta": 1e39}, ParamError, r"beta: must be representable as float32"),
         ]
 
-    def errors() -> list[ErrorCase]:
-        return [ErrorCase(Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
+    def errors() -> list[base.ErrorCase]:
+        return [base.ErrorCase(base.Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
 
     return errors
 
@@ -861,11 +855,11 @@ def _pool_spec(
     doc: str,
     order_inputs=None,
     **selection,
-) -> OpSpec:
-    return OpSpec(
+) -> base.OpSpec:
+    return base.OpSpec(
         name=name,
         family="conv_pool",
-        inputs=(Tensor("x", "(N, C, *spatial), spatial rank 1 to 3"),),
+        inputs=(base.Tensor("x", "(N, C, *spatial), spatial rank 1 to 3"),),
         params=params,
         shape_rule="(N, C, *[(in + 2p - k)//s + 1, or 0])",
         shape=_pool_shape_rule(name),
@@ -894,8 +888,8 @@ MAX_POOL = _pool_spec(
     vjp=_max_pool_vjp,
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _max_pool_vjp({"x": np.asarray(a["x"], np.float64)}, p, y, _abs(g)),
-    error=Exact("a selection, no rounding"),
-    vjp_error=Accumulation(
+    error=base.Exact("a selection, no rounding"),
+    vjp_error=base.Accumulation(
         1, "each cell sums the cotangents of the windows that chose it: at most prod(ceil(k/s)) terms", _overlap
     ),
     flops_per_cell=1,
@@ -920,13 +914,13 @@ SMOOTH_MAX_POOL = _pool_spec(
     vjp=_smooth_max_pool_vjp,
     magnitude=lambda a, p, y: _smooth_magnitude_terms(a, p)[0],
     vjp_magnitude=_smooth_vjp_magnitude,
-    error=Accumulation(
+    error=base.Accumulation(
         8,
         "a K-term sum of exponentials (n = kernel volume); subtraction, product, expf "
         "(2 ulp), logf (1 ulp), division, addition, one spare",
         _volume,
     ),
-    vjp_error=Accumulation(
+    vjp_error=base.Accumulation(
         8,
         "weights from the K-term sum (and y), then at most prod(ceil(k/s)) windows per cell: n = K + overlap",
         lambda s, p: _volume(s, p) + _overlap(s, p),
@@ -950,8 +944,10 @@ AVG_POOL = _pool_spec(
     vjp=_avg_pool_vjp,
     magnitude=lambda a, p, y: _avg_pool({"x": _abs(a["x"])}, p),
     vjp_magnitude=lambda a, p, y, g: _avg_pool_vjp({"x": _abs(a["x"])}, p, None, _abs(g)),
-    error=Accumulation(2, "a K-term sum (n = kernel volume), then the division (or * 1/K: two roundings)", _volume),
-    vjp_error=Accumulation(2, "g/K, summed over at most prod(ceil(k/s)) windows per cell", _overlap),
+    error=base.Accumulation(
+        2, "a K-term sum (n = kernel volume), then the division (or * 1/K: two roundings)", _volume
+    ),
+    vjp_error=base.Accumulation(2, "g/K, summed over at most prod(ceil(k/s)) windows per cell", _overlap),
     flops_per_cell=1,
     flops_per_output=0,
     samples=_pool_samples(),

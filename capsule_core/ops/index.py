@@ -11,53 +11,37 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import IndexRangeError, ParamError, ShapeError
-from capsule_core.ops.base import (
-    SPECIAL_VALUES,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    Exact,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    normalize_axis,
-    numel,
-    order_terms,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base as op_base
 
-COPY = Exact("a copy: values move, nothing is computed")
-INDEX = Tensor("index", "(K,)", dtype="int64", differentiable=False)
-AXIS = Param("axis", "axis", doc="the indexed axis; negative counts from the end")
+COPY = op_base.Exact("a copy: values move, nothing is computed")
+INDEX = op_base.Tensor("index", "(K,)", dtype="int64", differentiable=False)
+AXIS = op_base.Param("axis", "axis", doc="the indexed axis; negative counts from the end")
 
 
 def _normal(rng: np.random.Generator, shape) -> np.ndarray:
-    return f32(2.0 * rng.standard_normal(shape))
+    return op_base.f32(2.0 * rng.standard_normal(shape))
 
 
 def _abs(a) -> np.ndarray:
     return np.abs(np.asarray(a, dtype=np.float64))
 
 
-def _numbered(prefix: str, cases) -> list[Sample]:
-    return [Sample(inputs, params, f"{prefix}-{i}") for i, (inputs, params) in enumerate(cases)]
+def _numbered(prefix: str, cases) -> list[op_base.Sample]:
+    return [op_base.Sample(inputs, params, f"{prefix}-{i}") for i, (inputs, params) in enumerate(cases)]
 
 
-def _edges(cases) -> list[Sample]:
-    return [Sample(inputs, params, case, True) for case, inputs, params in cases]
+def _edges(cases) -> list[op_base.Sample]:
+    return [op_base.Sample(inputs, params, case, True) for case, inputs, params in cases]
 
 
-def _error(case: str, inputs: dict, params: dict, error, match: str) -> ErrorCase:
-    return ErrorCase(Sample(inputs, params, case), error, match)
+def _error(case: str, inputs: dict, params: dict, error, match: str) -> op_base.ErrorCase:
+    return op_base.ErrorCase(op_base.Sample(inputs, params, case), error, match)
 
 
 def _index_axis(op: str, data: str, shapes, p) -> int:
     """Check the shared rules (index 1-D, axis within data's rank) and return the axis."""
-    require_rank(op, "index", shapes["index"], 1, 1)
-    return normalize_axis(op, "axis", p["axis"], len(shapes[data]))
+    op_base.require_rank(op, "index", shapes["index"], 1, 1)
+    return op_base.normalize_axis(op, "axis", p["axis"], len(shapes[data]))
 
 
 def _check_index(op: str, data: str):
@@ -92,7 +76,7 @@ def scatter_add_into(out: np.ndarray, index: np.ndarray, src: np.ndarray, axis: 
 def _index_samples(data_shapes, build):
     """Samples from (data shape, index length, axis) rows: index drawn uniformly in range."""
 
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[op_base.Sample]:
         cases = []
         for shape, k, axis in data_shapes[size]:
             index = rng.integers(0, shape[axis], k)
@@ -127,8 +111,8 @@ def _gather_build(rng, shape, index, axis):
     return {"x": _normal(rng, shape), "index": index}, {"axis": axis}
 
 
-def _gather_edges() -> list[Sample]:
-    rng = seeded_rng("gather", "edge")
+def _gather_edges() -> list[op_base.Sample]:
+    rng = op_base.seeded_rng("gather", "edge")
     x = _normal(rng, (7, 5))
     return _edges(
         [
@@ -137,18 +121,18 @@ def _gather_edges() -> list[Sample]:
             ("edge-empty-rows", {"x": np.zeros((4, 0), np.float32), "index": np.array([1, 3, 3])}, {"axis": 0}),
             ("edge-first-last", {"x": x, "index": np.array([0, 6, 0, 6])}, {"axis": 0}),
             ("edge-one-repeated", {"x": x, "index": np.full(1000, 4)}, {"axis": -1}),
-            ("edge-size1", {"x": f32([[2.5]]), "index": np.array([0])}, {"axis": 1}),
+            ("edge-size1", {"x": op_base.f32([[2.5]]), "index": np.array([0])}, {"axis": 1}),
             ("edge-rank1-odd", {"x": _normal(rng, (37,)), "index": rng.integers(0, 37, 101)}, {"axis": 0}),
             (
                 "edge-special",
-                {"x": np.resize(SPECIAL_VALUES, (3, 14)), "index": np.array([13, 0, 4, 4, 7, 1])},
+                {"x": np.resize(op_base.SPECIAL_VALUES, (3, 14)), "index": np.array([13, 0, 4, 4, 7, 1])},
                 {"axis": 1},
             ),
         ]
     )
 
 
-def _gather_errors() -> list[ErrorCase]:
+def _gather_errors() -> list[op_base.ErrorCase]:
     x = np.zeros((4, 5), np.float32)
     return [
         _error(
@@ -196,10 +180,10 @@ def _gather_errors() -> list[ErrorCase]:
     ]
 
 
-GATHER = OpSpec(
+GATHER = op_base.OpSpec(
     name="gather",
     family="index",
-    inputs=(Tensor("x", "(…)"), INDEX),
+    inputs=(op_base.Tensor("x", "(…)"), INDEX),
     params=(AXIS,),
     shape_rule="x.shape with axis replaced by len(index)",
     shape=_gather_shape,
@@ -209,15 +193,15 @@ GATHER = OpSpec(
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _gather_vjp(a, p, y, _abs(g)),
     error=COPY,
-    vjp_error=Accumulation(
+    vjp_error=op_base.Accumulation(
         1,
         "g scatter-added back: an element sums its repeats, at most len(index) terms; k = 1 spare rounding",
         lambda shapes, p: shapes["index"][0],
     ),
     # reads the gathered elements and the index, writes y; no arithmetic
-    cost=lambda shapes, p: Cost(
-        bytes_read=4 * numel(_gather_shape(shapes, p)) + 8 * shapes["index"][0],
-        bytes_written=4 * numel(_gather_shape(shapes, p)),
+    cost=lambda shapes, p: op_base.Cost(
+        bytes_read=4 * op_base.numel(_gather_shape(shapes, p)) + 8 * shapes["index"][0],
+        bytes_written=4 * op_base.numel(_gather_shape(shapes, p)),
         flops=0,
     ),
     samples=_index_samples(SHAPES, _gather_build),
@@ -262,12 +246,12 @@ def _scatter_build(rng, shape, index, axis):
     return {"base": _normal(rng, shape), "index": index, "src": src}, {"axis": axis}
 
 
-def _scatter_edges() -> list[Sample]:
-    rng = seeded_rng("scatter_add", "edge")
+def _scatter_edges() -> list[op_base.Sample]:
+    rng = op_base.seeded_rng("scatter_add", "edge")
     base = _normal(rng, (7, 5))
     # NaN, ±inf, ±0, subnormals, ±1 on both sides; not the largest normals, whose float32 sum
     # overflows where float64's does not (an overflow no error model can bound)
-    safe = SPECIAL_VALUES[np.abs(np.nan_to_num(SPECIAL_VALUES)) < 1e38]
+    safe = op_base.SPECIAL_VALUES[np.abs(np.nan_to_num(op_base.SPECIAL_VALUES)) < 1e38]
     special_index = rng.integers(0, 14, 2 * safe.size)
     return _edges(
         [
@@ -304,7 +288,11 @@ def _scatter_edges() -> list[Sample]:
                 {"base": base, "index": np.full(1000, 4), "src": _normal(rng, (7, 1000))},
                 {"axis": -1},
             ),
-            ("edge-size1", {"base": f32([[2.5]]), "index": np.array([0]), "src": f32([[-0.75]])}, {"axis": 1}),
+            (
+                "edge-size1",
+                {"base": op_base.f32([[2.5]]), "index": np.array([0]), "src": op_base.f32([[-0.75]])},
+                {"axis": 1},
+            ),
             (
                 "edge-rank1-odd",
                 {"base": _normal(rng, (37,)), "index": rng.integers(0, 37, 101), "src": _normal(rng, (101,))},
@@ -313,7 +301,7 @@ def _scatter_edges() -> list[Sample]:
             (
                 "edge-special",
                 {
-                    "base": np.resize(SPECIAL_VALUES, (2, 14)),
+                    "base": np.resize(op_base.SPECIAL_VALUES, (2, 14)),
                     "index": special_index,
                     "src": np.resize(safe, (2, special_index.size)),
                 },
@@ -323,15 +311,15 @@ def _scatter_edges() -> list[Sample]:
     )
 
 
-def _scatter_order_inputs() -> list[Sample]:
+def _scatter_order_inputs() -> list[op_base.Sample]:
     """Every src entry of a row scattered to the same element (base 0): each output is the sum
     of one order of order_terms, in whatever order the kernel's adds land."""
-    src = np.stack(list(order_terms().values()))
+    src = np.stack(list(op_base.order_terms().values()))
     inputs = {"base": np.zeros((3, 1), np.float32), "index": np.zeros(src.shape[1], np.int64), "src": src}
-    return [Sample(inputs, {"axis": 1}, "order-one-element", True)]
+    return [op_base.Sample(inputs, {"axis": 1}, "order-one-element", True)]
 
 
-def _scatter_errors() -> list[ErrorCase]:
+def _scatter_errors() -> list[op_base.ErrorCase]:
     base, src = np.zeros((4, 5), np.float32), np.zeros((4, 2), np.float32)
     return [
         _error(
@@ -386,10 +374,10 @@ def _scatter_errors() -> list[ErrorCase]:
     ]
 
 
-SCATTER_ADD = OpSpec(
+SCATTER_ADD = op_base.OpSpec(
     name="scatter_add",
     family="index",
-    inputs=(Tensor("base", "(…)"), INDEX, Tensor("src", "base's shape with axis = K")),
+    inputs=(op_base.Tensor("base", "(…)"), INDEX, op_base.Tensor("src", "base's shape with axis = K")),
     params=(AXIS,),
     shape_rule="shape of base",
     shape=_scatter_shape,
@@ -400,18 +388,18 @@ SCATTER_ADD = OpSpec(
     vjp_magnitude=lambda a, p, y, g: _scatter_vjp(a, p, y, _abs(g)),
     # n = len(index) + 1 bounds (largest repeat count) + 1, the true length of an element's sum;
     # n(shapes, params) cannot see the index values, so it takes the bound every index obeys
-    error=Accumulation(
+    error=op_base.Accumulation(
         1,
         "base plus the src values scattered to one element, at most len(index) + 1 terms "
         "in any order; k = 1 spare rounding",
         lambda shapes, p: shapes["index"][0] + 1,
     ),
-    vjp_error={"base": Exact("g copied"), "src": Exact("g gathered: a copy")},
+    vjp_error={"base": op_base.Exact("g copied"), "src": op_base.Exact("g gathered: a copy")},
     # copies base, reads src and the index, one add per src element
-    cost=lambda shapes, p: Cost(
-        bytes_read=4 * (numel(shapes["base"]) + numel(shapes["src"])) + 8 * shapes["index"][0],
-        bytes_written=4 * numel(shapes["base"]),
-        flops=numel(shapes["src"]),
+    cost=lambda shapes, p: op_base.Cost(
+        bytes_read=4 * (op_base.numel(shapes["base"]) + op_base.numel(shapes["src"])) + 8 * shapes["index"][0],
+        bytes_written=4 * op_base.numel(shapes["base"]),
+        flops=op_base.numel(shapes["src"]),
     ),
     samples=_index_samples(SHAPES, _scatter_build),
     edges=_scatter_edges,

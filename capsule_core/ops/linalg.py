@@ -10,20 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ShapeError
-from capsule_core.ops.base import (
-    Accumulation,
-    Cost,
-    ErrorCase,
-    OpSpec,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    require_same_shape,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 NAN, INF = np.nan, np.inf
 
@@ -37,14 +24,14 @@ def _t(a):
     return np.swapaxes(a, -1, -2)
 
 
-def _normal_sample(shapes: dict, case: str, rng: np.random.Generator, worst_case: bool = False) -> Sample:
-    return Sample({k: f32(rng.standard_normal(s)) for k, s in shapes.items()}, {}, case, worst_case)
+def _normal_sample(shapes: dict, case: str, rng: np.random.Generator, worst_case: bool = False) -> base.Sample:
+    return base.Sample({k: base.f32(rng.standard_normal(s)) for k, s in shapes.items()}, {}, case, worst_case)
 
 
 def _sampler(sizes: dict):
     """samples(size, rng) drawing standard normal inputs of each shape set in sizes[size]."""
 
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         return [_normal_sample(shapes, f"{size}-{i}", rng) for i, shapes in enumerate(sizes[size])]
 
     return samples
@@ -52,36 +39,36 @@ def _sampler(sizes: dict):
 
 def _errors(cases):
     return lambda: [
-        ErrorCase(Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
+        base.ErrorCase(base.Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
         for i, (shapes, e, m) in enumerate(cases)
     ]
 
 
 def _order_rows() -> np.ndarray:
     """The three orders of order_terms as rows (3, n)."""
-    return np.stack(list(order_terms().values()))
+    return np.stack(list(base.order_terms().values()))
 
 
 def _exact_factors(n: int) -> np.ndarray:
     """(n, 2): columns of ones and halves, so every product is exact and only the sum rounds."""
-    return np.repeat(f32([[1.0, 0.5]]), n, axis=0)
+    return np.repeat(base.f32([[1.0, 0.5]]), n, axis=0)
 
 
-def _matmul_order_inputs() -> list[Sample]:
+def _matmul_order_inputs() -> list[base.Sample]:
     a = _order_rows()
-    return [Sample({"a": a, "b": _exact_factors(a.shape[1])}, {}, "order-k", True)]
+    return [base.Sample({"a": a, "b": _exact_factors(a.shape[1])}, {}, "order-k", True)]
 
 
-def _linear_order_inputs() -> list[Sample]:
+def _linear_order_inputs() -> list[base.Sample]:
     x = _order_rows()
     w = np.ascontiguousarray(_exact_factors(x.shape[1]).T)
-    return [Sample({"x": x, "w": w, "b": f32([0.0, 1.0])}, {}, "order-in", True)]
+    return [base.Sample({"x": x, "w": w, "b": base.f32([0.0, 1.0])}, {}, "order-in", True)]
 
 
 def _with_special(shapes: dict, rng, name: str, positions) -> dict:
     """Normal inputs, with NaN / ±inf placed in `name` at the given positions: IEEE propagation
     gives the same NaN / inf in any summation order when each sum holds at most one of them."""
-    arrays = {k: f32(rng.standard_normal(s)) for k, s in shapes.items()}
+    arrays = {k: base.f32(rng.standard_normal(s)) for k, s in shapes.items()}
     for index, value in positions:
         arrays[name][index] = value
     return arrays
@@ -92,8 +79,8 @@ def _with_special(shapes: dict, rng, name: str, positions) -> dict:
 
 def _matmul_shape(shapes, params):
     a, b = tuple(shapes["a"]), tuple(shapes["b"])
-    require_rank("matmul", "a", a, 2)
-    require_rank("matmul", "b", b, 2)
+    base.require_rank("matmul", "a", a, 2)
+    base.require_rank("matmul", "b", b, 2)
     if len(b) != len(a):
         raise ShapeError("matmul", "b", f"must have the rank of a ({len(a)}), got shape {b}")
     if b[:-2] != a[:-2]:
@@ -105,9 +92,9 @@ def _matmul_shape(shapes, params):
 
 def _matmul_cost(shapes, params):
     a, b = tuple(shapes["a"]), tuple(shapes["b"])
-    batch, m, k, n = numel(a[:-2]), a[-2], a[-1], b[-1]
-    return Cost(
-        bytes_read=4 * (numel(a) + numel(b)), bytes_written=4 * batch * m * n, flops=2 * batch * m * n * k
+    batch, m, k, n = base.numel(a[:-2]), a[-2], a[-1], b[-1]
+    return base.Cost(
+        bytes_read=4 * (base.numel(a) + base.numel(b)), bytes_written=4 * batch * m * n, flops=2 * batch * m * n * k
     )  # one multiply and one add per term
 
 
@@ -122,8 +109,8 @@ MATMUL_SIZES = {
 }
 
 
-def _matmul_edges() -> list[Sample]:
-    rng = seeded_rng("matmul", "edges")
+def _matmul_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("matmul", "edges")
     shape_cases = [
         ({"a": (3, 0), "b": (0, 4)}, "edge-k0"),
         ({"a": (0, 5), "b": (5, 4)}, "edge-m0"),
@@ -137,15 +124,18 @@ def _matmul_edges() -> list[Sample]:
         ({"a": (1, 1, 1), "b": (1, 1, 1)}, "edge-one-batched"),
     ]
     cases = [_normal_sample(s, c, rng, True) for s, c in shape_cases]
-    same_sign = {"a": f32(np.abs(rng.standard_normal((2, 4096)))), "b": f32(np.abs(rng.standard_normal((4096, 3))))}
-    tiny = {"a": f32(rng.standard_normal((3, 8)) * 1e-20), "b": f32(rng.standard_normal((8, 4)) * 1e-20)}
+    same_sign = {
+        "a": base.f32(np.abs(rng.standard_normal((2, 4096)))),
+        "b": base.f32(np.abs(rng.standard_normal((4096, 3)))),
+    }
+    tiny = {"a": base.f32(rng.standard_normal((3, 8)) * 1e-20), "b": base.f32(rng.standard_normal((8, 4)) * 1e-20)}
     special = _with_special({"a": (3, 4), "b": (4, 5)}, rng, "a", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)])
-    long_k = {"a": f32(rng.standard_normal((2, 5000))), "b": f32(rng.standard_normal((5000, 3)))}
+    long_k = {"a": base.f32(rng.standard_normal((2, 5000))), "b": base.f32(rng.standard_normal((5000, 3)))}
     cases += [
-        Sample(same_sign, {}, "edge-same-sign-k4096", True),
-        Sample(tiny, {}, "edge-underflow", True),
-        Sample(special, {}, "edge-nan-inf", True),
-        Sample(long_k, {}, "edge-k5000", True),
+        base.Sample(same_sign, {}, "edge-same-sign-k4096", True),
+        base.Sample(tiny, {}, "edge-underflow", True),
+        base.Sample(special, {}, "edge-nan-inf", True),
+        base.Sample(long_k, {}, "edge-k5000", True),
     ]
     return cases
 
@@ -154,10 +144,10 @@ def _matmul_k(shapes, params):
     return shapes["a"][-1]
 
 
-MATMUL = OpSpec(
+MATMUL = base.OpSpec(
     name="matmul",
     family="linalg",
-    inputs=(Tensor("a", "(…, m, k)"), Tensor("b", "(…, k, n)")),
+    inputs=(base.Tensor("a", "(…, m, k)"), base.Tensor("b", "(…, k, n)")),
     params=(),
     shape_rule="(…, m, n)",
     shape=_matmul_shape,
@@ -168,10 +158,10 @@ MATMUL = OpSpec(
         "a": np.matmul(_abs64(g), _t(_abs64(x["b"]))),
         "b": np.matmul(_t(_abs64(x["a"])), _abs64(g)),
     },
-    error=Accumulation(1, "k-term dot product per output: its roundings are inside gamma_k; one spare", _matmul_k),
+    error=base.Accumulation(1, "k-term dot product per output: its roundings are inside gamma_k; one spare", _matmul_k),
     vjp_error={
-        "a": Accumulation(1, "g·bᵀ: n-term dot products (n = b's last axis)", lambda s, p: s["b"][-1]),
-        "b": Accumulation(1, "aᵀ·g: m-term dot products (m = a's rows, per batch)", lambda s, p: s["a"][-2]),
+        "a": base.Accumulation(1, "g·bᵀ: n-term dot products (n = b's last axis)", lambda s, p: s["b"][-1]),
+        "b": base.Accumulation(1, "aᵀ·g: m-term dot products (m = a's rows, per batch)", lambda s, p: s["a"][-2]),
     },
     cost=_matmul_cost,
     samples=_sampler(MATMUL_SIZES),
@@ -195,8 +185,8 @@ MATMUL = OpSpec(
 
 def _linear_shape(shapes, params):
     x, w, b = tuple(shapes["x"]), tuple(shapes["w"]), tuple(shapes["b"])
-    require_rank("linear", "x", x, 1)
-    require_rank("linear", "w", w, 2, 2)
+    base.require_rank("linear", "x", x, 1)
+    base.require_rank("linear", "w", w, 2, 2)
     if w[1] != x[-1]:
         raise ShapeError("linear", "w", f"must have in = {x[-1]} columns (x's last axis), got shape {w}")
     if b != (w[0],):
@@ -206,7 +196,7 @@ def _linear_shape(shapes, params):
 
 def _rows(a, width: int):
     """All leading axes flattened: (L, width); L given explicitly, as width may be 0."""
-    return a.reshape(numel(a.shape[:-1]), width)
+    return a.reshape(base.numel(a.shape[:-1]), width)
 
 
 def _linear_vjp(x, p, y, g):
@@ -227,14 +217,14 @@ def _linear_vjp_magnitude(x, p, y, g):
 
 def _leading(shapes, params) -> int:
     """L: how many rows the leading axes of x hold (the sum length of the w and b gradients)."""
-    return numel(tuple(shapes["x"])[:-1])
+    return base.numel(tuple(shapes["x"])[:-1])
 
 
 def _linear_cost(shapes, params):
     x, w = tuple(shapes["x"]), tuple(shapes["w"])
-    rows, (out, width) = numel(x[:-1]), w
-    return Cost(
-        bytes_read=4 * (numel(x) + out * width + out),
+    rows, (out, width) = base.numel(x[:-1]), w
+    return base.Cost(
+        bytes_read=4 * (base.numel(x) + out * width + out),
         bytes_written=4 * rows * out,
         flops=2 * rows * out * width + rows * out,
     )  # the dot products, then the bias add
@@ -247,8 +237,8 @@ LINEAR_SIZES = {
 }
 
 
-def _linear_edges() -> list[Sample]:
-    rng = seeded_rng("linear", "edges")
+def _linear_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("linear", "edges")
     shape_cases = [
         ({"x": (0, 5), "w": (4, 5), "b": (4,)}, "edge-no-rows"),
         ({"x": (3, 0), "w": (4, 0), "b": (4,)}, "edge-in0"),
@@ -260,14 +250,14 @@ def _linear_edges() -> list[Sample]:
     ]
     cases = [_normal_sample(s, c, rng, True) for s, c in shape_cases]
     same_sign = {
-        "x": f32(np.abs(rng.standard_normal((3, 4096)))),
-        "w": f32(np.abs(rng.standard_normal((2, 4096)))),
-        "b": f32([1.0, 2.0]),
+        "x": base.f32(np.abs(rng.standard_normal((3, 4096)))),
+        "w": base.f32(np.abs(rng.standard_normal((2, 4096)))),
+        "b": base.f32([1.0, 2.0]),
     }
     special = _with_special(
         {"x": (3, 4), "w": (5, 4), "b": (5,)}, rng, "x", [((0, 1), NAN), ((1, 2), INF), ((2, 0), -INF)]
     )
-    cases += [Sample(same_sign, {}, "edge-same-sign-in4096", True), Sample(special, {}, "edge-nan-inf", True)]
+    cases += [base.Sample(same_sign, {}, "edge-same-sign-in4096", True), base.Sample(special, {}, "edge-nan-inf", True)]
     # the paths of plans/linalg.py: 9-16 rows take the GEMV16 kernel, a long k over few tiles
     # split-K forward, many rows over a small weight split-K in dw
     cases += [
@@ -281,10 +271,10 @@ def _linear_edges() -> list[Sample]:
     return cases
 
 
-LINEAR = OpSpec(
+LINEAR = base.OpSpec(
     name="linear",
     family="linalg",
-    inputs=(Tensor("x", "(…, in)"), Tensor("w", "(out, in)"), Tensor("b", "(out)")),
+    inputs=(base.Tensor("x", "(…, in)"), base.Tensor("w", "(out, in)"), base.Tensor("b", "(out)")),
     params=(),
     shape_rule="(…, out)",
     shape=_linear_shape,
@@ -292,11 +282,13 @@ LINEAR = OpSpec(
     vjp=_linear_vjp,
     magnitude=lambda x, p, y: np.matmul(_abs64(x["x"]), _abs64(x["w"]).T) + _abs64(x["b"]),
     vjp_magnitude=_linear_vjp_magnitude,
-    error=Accumulation(1, "(in + 1)-term sum per output, the bias included; one spare", lambda s, p: s["x"][-1] + 1),
+    error=base.Accumulation(
+        1, "(in + 1)-term sum per output, the bias included; one spare", lambda s, p: s["x"][-1] + 1
+    ),
     vjp_error={
-        "x": Accumulation(1, "g·w: out-term dot products", lambda s, p: s["w"][0]),
-        "w": Accumulation(1, "gᵀ·x: L-term sums over the leading axes", _leading),
-        "b": Accumulation(1, "Σ g: L-term sums over the leading axes", _leading),
+        "x": base.Accumulation(1, "g·w: out-term dot products", lambda s, p: s["w"][0]),
+        "w": base.Accumulation(1, "gᵀ·x: L-term sums over the leading axes", _leading),
+        "b": base.Accumulation(1, "Σ g: L-term sums over the leading axes", _leading),
     },
     cost=_linear_cost,
     samples=_sampler(LINEAR_SIZES),
@@ -319,8 +311,8 @@ LINEAR = OpSpec(
 
 
 def _mse_shape(shapes, params):
-    require_same_shape("mse_loss", "target", shapes["target"], "pred", shapes["pred"])
-    if numel(shapes["pred"]) < 1:
+    base.require_same_shape("mse_loss", "target", shapes["target"], "pred", shapes["pred"])
+    if base.numel(shapes["pred"]) < 1:
         raise ShapeError("mse_loss", "pred", f"must have at least 1 element, got shape {tuple(shapes['pred'])}")
     return ()
 
@@ -341,22 +333,22 @@ def _mse_vjp_magnitude(x, p, y, g):
     return {"pred": m, "target": m.copy()}
 
 
-def _mse_edges() -> list[Sample]:
-    rng = seeded_rng("mse_loss", "edges")
+def _mse_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("mse_loss", "edges")
     pairs = [
-        (f32([0.75]), f32([-1.5]), "edge-one"),
-        (f32(2.0), f32(0.5), "edge-rank0"),
-        (f32([NAN, 1.0]), f32([0.0, 1.0]), "edge-nan"),
-        (f32([INF, 1.0]), f32([1.0, 2.0]), "edge-inf"),
-        (f32([INF, 1.0]), f32([INF, 2.0]), "edge-inf-minus-inf"),
-        (f32([1e-45, -1e-45, 1.1754942e-38]), f32([0.0, 1e-45, -0.0]), "edge-subnormal"),
-        (f32([-0.0, 0.0]), f32([0.0, -0.0]), "edge-signed-zeros"),
-        (f32([1e18, -1e18]), f32([-1e18, 1e18]), "edge-large-finite"),
+        (base.f32([0.75]), base.f32([-1.5]), "edge-one"),
+        (base.f32(2.0), base.f32(0.5), "edge-rank0"),
+        (base.f32([NAN, 1.0]), base.f32([0.0, 1.0]), "edge-nan"),
+        (base.f32([INF, 1.0]), base.f32([1.0, 2.0]), "edge-inf"),
+        (base.f32([INF, 1.0]), base.f32([INF, 2.0]), "edge-inf-minus-inf"),
+        (base.f32([1e-45, -1e-45, 1.1754942e-38]), base.f32([0.0, 1e-45, -0.0]), "edge-subnormal"),
+        (base.f32([-0.0, 0.0]), base.f32([0.0, -0.0]), "edge-signed-zeros"),
+        (base.f32([1e18, -1e18]), base.f32([-1e18, 1e18]), "edge-large-finite"),
     ]
-    same = f32(rng.standard_normal((3, 37)))
-    cases = [Sample({"pred": p, "target": t}, {}, c, True) for p, t, c in pairs]
+    same = base.f32(rng.standard_normal((3, 37)))
+    cases = [base.Sample({"pred": p, "target": t}, {}, c, True) for p, t, c in pairs]
     cases += [
-        Sample({"pred": same, "target": same.copy()}, {}, "edge-equal", True),
+        base.Sample({"pred": same, "target": same.copy()}, {}, "edge-equal", True),
         _normal_sample({"pred": (3, 37), "target": (3, 37)}, "edge-odd", rng, True),
         _normal_sample({"pred": (100_003,), "target": (100_003,)}, "edge-long", rng, True),
     ]
@@ -371,18 +363,18 @@ MSE_SIZES = {
 
 
 def _mse_cost(shapes, params):
-    size = numel(shapes["pred"])
-    return Cost(bytes_read=8 * size, bytes_written=4, flops=3 * size + 1)  # subtract, square, add; one divide
+    size = base.numel(shapes["pred"])
+    return base.Cost(bytes_read=8 * size, bytes_written=4, flops=3 * size + 1)  # subtract, square, add; one divide
 
 
 def _mse_length(shapes, params) -> int:
-    return numel(shapes["pred"])
+    return base.numel(shapes["pred"])
 
 
-MSE_LOSS = OpSpec(
+MSE_LOSS = base.OpSpec(
     name="mse_loss",
     family="linalg",
-    inputs=(Tensor("pred", "(…)"), Tensor("target", "(…)")),
+    inputs=(base.Tensor("pred", "(…)"), base.Tensor("target", "(…)")),
     params=(),
     shape_rule="()",
     shape=_mse_shape,
@@ -390,19 +382,19 @@ MSE_LOSS = OpSpec(
     vjp=_mse_vjp,
     magnitude=lambda x, p, y: np.asarray(np.mean(_abs64(x["pred"] - x["target"]) ** 2)),
     vjp_magnitude=_mse_vjp_magnitude,
-    error=Accumulation(
+    error=base.Accumulation(
         5,
         "d = pred - target (u|d|, so 2u on d²), the square, the n-term sum inside gamma_n, the division, one spare",
         _mse_length,
     ),
-    vjp_error=Accumulation(5, "d, 2/n, g·(2/n), the product: four roundings, one spare"),
+    vjp_error=base.Accumulation(5, "d, 2/n, g·(2/n), the product: four roundings, one spare"),
     cost=_mse_cost,
     samples=_sampler(MSE_SIZES),
     edges=_mse_edges,
     # squares are non-negative: pred = √terms (2¹², 1, …), target 0, one sample per order
     order_inputs=lambda: [
-        Sample({"pred": np.sqrt(t), "target": np.zeros_like(t)}, {}, f"order-{name}", True)
-        for name, t in order_terms(signed=False).items()
+        base.Sample({"pred": np.sqrt(t), "target": np.zeros_like(t)}, {}, f"order-{name}", True)
+        for name, t in base.order_terms(signed=False).items()
     ],
     errors=_errors(
         [

@@ -22,23 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ParamError, ShapeError
-from capsule_core.ops.base import (
-    TINY,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
-EPS = Param("eps", "float", default=1e-6, doc="added to the variance; > 0 as float32")
+EPS = base.Param("eps", "float", default=1e-6, doc="added to the variance; > 0 as float32")
 
 K_FORWARD = 10
 """Roundings along x → y: mean division, subtraction, square, variance division, + eps, sqrt
@@ -109,7 +95,7 @@ def _error_terms(x, layout: _Layout, eps):
     x = np.asarray(x, dtype=np.float64)
     xhat, s = _normalise(x, layout, eps)
     offset = _mean(np.abs(x), layout.stat_axes(x.ndim)) / s
-    subnormal = 2.0 * TINY / s
+    subnormal = 2.0 * base.TINY / s
     return xhat, s, offset, (np.abs(x) / s + offset) + (1.0 + offset) * np.abs(xhat) + subnormal
 
 
@@ -158,7 +144,7 @@ def _check_affine(op: str, shapes, channels: int, what: str):
 
 def _layer_norm_shape(shapes, params):
     x = tuple(shapes["x"])
-    require_rank("layer_norm", "x", x, 1)
+    base.require_rank("layer_norm", "x", x, 1)
     if x[-1] < 1:
         raise ShapeError("layer_norm", "x", f"last axis D must be >= 1, got shape {x}")
     _check_affine("layer_norm", shapes, x[-1], "D")
@@ -168,8 +154,8 @@ def _layer_norm_shape(shapes, params):
 
 def _batch_norm_shape(shapes, params):
     x = tuple(shapes["x"])
-    require_rank("batch_norm", "x", x, 2, 5)
-    if numel(x[:1] + x[2:]) < 1:
+    base.require_rank("batch_norm", "x", x, 2, 5)
+    if base.numel(x[:1] + x[2:]) < 1:
         raise ShapeError("batch_norm", "x", f"N*spatial must be >= 1 (statistics of an empty batch), got shape {x}")
     _check_affine("batch_norm", shapes, x[1], "C")
     _check_eps("batch_norm", params)
@@ -181,7 +167,7 @@ def _stat_length(layout: _Layout):
 
     def length(shapes, params) -> int:
         x = tuple(shapes["x"])
-        return numel(tuple(x[a] for a in layout.stat_axes(len(x))))
+        return base.numel(tuple(x[a] for a in layout.stat_axes(len(x))))
 
     return length
 
@@ -191,7 +177,7 @@ def _affine_length(layout: _Layout):
 
     def length(shapes, params) -> int:
         x = tuple(shapes["x"])
-        return numel(tuple(x[a] for a in layout.affine_axes(len(x))))
+        return base.numel(tuple(x[a] for a in layout.affine_axes(len(x))))
 
     return length
 
@@ -199,47 +185,47 @@ def _affine_length(layout: _Layout):
 def _cost(layout: _Layout):
     def cost(shapes, params):
         x = tuple(shapes["x"])
-        size, channels = numel(x), x[layout.param_axis(len(x))] if x else 0
+        size, channels = base.numel(x), x[layout.param_axis(len(x))] if x else 0
         statistics = size // max(1, _stat_length(layout)(shapes, params))
         # Per element: mean add, subtraction, square and add, scaling, × gamma, + beta (7);
         # per statistic: two divisions, + eps, sqrt (4).
-        return Cost(bytes_read=4 * (size + 2 * channels), bytes_written=4 * size, flops=7 * size + 4 * statistics)
+        return base.Cost(bytes_read=4 * (size + 2 * channels), bytes_written=4 * size, flops=7 * size + 4 * statistics)
 
     return cost
 
 
 def _arrays(x, channels: int, rng) -> dict:
     return {
-        "x": f32(x),
-        "gamma": f32(1.0 + 0.5 * rng.standard_normal(channels)),
-        "beta": f32(0.5 * rng.standard_normal(channels)),
+        "x": base.f32(x),
+        "gamma": base.f32(1.0 + 0.5 * rng.standard_normal(channels)),
+        "beta": base.f32(0.5 * rng.standard_normal(channels)),
     }
 
 
 def _samples(layout: _Layout, sizes: dict):
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         out = []
         for i, shape in enumerate(sizes[size]):
             x = 1.5 * rng.standard_normal(shape) + rng.uniform(-1.0, 1.0)
-            out.append(Sample(_arrays(x, shape[layout.param_axis(len(shape))], rng), {}, f"{size}-{i}"))
+            out.append(base.Sample(_arrays(x, shape[layout.param_axis(len(shape))], rng), {}, f"{size}-{i}"))
         return out
 
     return samples
 
 
-def _edge_list(op: str, layout: _Layout, shapes: list) -> list[Sample]:
+def _edge_list(op: str, layout: _Layout, shapes: list) -> list[base.Sample]:
     """Edge inputs from (case, x or a shape to draw, params); gamma, beta seeded by case."""
     out = []
     for case, x, params in shapes:
-        rng = seeded_rng(op, case)
+        rng = base.seeded_rng(op, case)
         x = 1.5 * rng.standard_normal(x) if isinstance(x, tuple) else np.asarray(x, np.float64)
-        out.append(Sample(_arrays(x, x.shape[layout.param_axis(x.ndim)], rng), params, case, True))
+        out.append(base.Sample(_arrays(x, x.shape[layout.param_axis(x.ndim)], rng), params, case, True))
     return out
 
 
-def _layer_norm_edges() -> list[Sample]:
-    rng = seeded_rng("layer_norm", "edge-values")
-    constant = np.repeat(f32([0.1, 0.0, -3.7, 1e4])[:, None], 16, axis=1)
+def _layer_norm_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("layer_norm", "edge-values")
+    constant = np.repeat(base.f32([0.1, 0.0, -3.7, 1e4])[:, None], 16, axis=1)
     return _edge_list(
         "layer_norm",
         LAYER,
@@ -264,9 +250,9 @@ def _layer_norm_edges() -> list[Sample]:
     )
 
 
-def _batch_norm_edges() -> list[Sample]:
-    rng = seeded_rng("batch_norm", "edge-values")
-    constant = np.repeat(f32([0.1, 0.0, -3.7, 1e4])[None, :, None], 6, axis=2).repeat(2, axis=0)
+def _batch_norm_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("batch_norm", "edge-values")
+    constant = np.repeat(base.f32([0.1, 0.0, -3.7, 1e4])[None, :, None], 6, axis=2).repeat(2, axis=0)
     return _edge_list(
         "batch_norm",
         BATCH,
@@ -291,17 +277,17 @@ def _order_inputs(layout: _Layout):
     """The three orders of order_terms along the statistic axis (layer_norm: rows (3, n);
     batch_norm: the batch axis of (n, 3), one channel per order); gamma 1, beta 0."""
 
-    def order_inputs() -> list[Sample]:
-        rows = np.stack(list(order_terms().values()))
+    def order_inputs() -> list[base.Sample]:
+        rows = np.stack(list(base.order_terms().values()))
         x = rows if layout is LAYER else np.ascontiguousarray(rows.T)
         channels = x.shape[layout.param_axis(x.ndim)]
         inputs = {"x": x, "gamma": np.ones(channels, np.float32), "beta": np.zeros(channels, np.float32)}
-        return [Sample(inputs, {}, "order-statistics", True)]
+        return [base.Sample(inputs, {}, "order-statistics", True)]
 
     return order_inputs
 
 
-def _error_cases(op: str, cases) -> list[ErrorCase]:
+def _error_cases(op: str, cases) -> list[base.ErrorCase]:
     out = []
     for i, (x_shape, c_shape, params, error, match) in enumerate(cases):
         inputs = {
@@ -309,10 +295,10 @@ def _error_cases(op: str, cases) -> list[ErrorCase]:
             "gamma": np.ones(c_shape, np.float32),
             "beta": np.zeros(c_shape, np.float32),
         }
-        out.append(ErrorCase(Sample(inputs, params, f"error-{i}"), error, match))
+        out.append(base.ErrorCase(base.Sample(inputs, params, f"error-{i}"), error, match))
     out.append(
-        ErrorCase(
-            Sample({"x": np.zeros((2, 3), np.float32), "gamma": np.ones(3, np.float32)}, {}, "error-missing-beta"),
+        base.ErrorCase(
+            base.Sample({"x": np.zeros((2, 3), np.float32), "gamma": np.ones(3, np.float32)}, {}, "error-missing-beta"),
             ShapeError,
             r"beta: required input is missing",
         )
@@ -320,7 +306,7 @@ def _error_cases(op: str, cases) -> list[ErrorCase]:
     return out
 
 
-def _layer_norm_errors() -> list[ErrorCase]:
+def _layer_norm_errors() -> list[base.ErrorCase]:
     return _error_cases(
         "layer_norm",
         [
@@ -334,8 +320,8 @@ def _layer_norm_errors() -> list[ErrorCase]:
             ((3, 4), (4,), {"eps": float("nan")}, ParamError, r"eps: must be finite"),
         ],
     ) + [
-        ErrorCase(
-            Sample(
+        base.ErrorCase(
+            base.Sample(
                 {"x": np.zeros((3, 4), np.float32), "gamma": np.ones(4, np.float32), "beta": np.zeros(3, np.float32)},
                 {},
                 "error-beta-shape",
@@ -346,7 +332,7 @@ def _layer_norm_errors() -> list[ErrorCase]:
     ]
 
 
-def _batch_norm_errors() -> list[ErrorCase]:
+def _batch_norm_errors() -> list[base.ErrorCase]:
     return _error_cases(
         "batch_norm",
         [
@@ -360,8 +346,8 @@ def _batch_norm_errors() -> list[ErrorCase]:
             ((2, 3, 4), (3,), {"eps": 1e-46}, ParamError, r"eps: must be > 0 as float32"),
         ],
     ) + [
-        ErrorCase(
-            Sample(
+        base.ErrorCase(
+            base.Sample(
                 {
                     "x": np.zeros((2, 3, 4), np.float32),
                     "gamma": np.ones(3, np.float32),
@@ -390,13 +376,13 @@ def _norm_spec(
     stats: str,
     rows: str,
     doc: str,
-) -> OpSpec:
+) -> base.OpSpec:
     """The family factory: layer_norm and batch_norm differ only in layout, shapes and data."""
     stat, affine = _stat_length(layout), _affine_length(layout)
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="norm",
-        inputs=(Tensor("x", x_rank), Tensor("gamma", f"({channels})"), Tensor("beta", f"({channels})")),
+        inputs=(base.Tensor("x", x_rank), base.Tensor("gamma", f"({channels})"), base.Tensor("beta", f"({channels})")),
         params=(EPS,),
         shape_rule=shape_rule,
         shape=shape,
@@ -404,20 +390,20 @@ def _norm_spec(
         vjp=_vjp(layout),
         magnitude=_magnitude(layout),
         vjp_magnitude=_vjp_magnitude(layout),
-        error=Accumulation(
+        error=base.Accumulation(
             K_FORWARD,
             f"mean and variance are {stats}-term sums; roundings along "
             "x -> y, M includes the mean's and s's errors (module doc)",
             stat,
         ),
         vjp_error={
-            "x": Accumulation(K_FORWARD, f"two {stats}-term means on top of recomputing x-hat and s", stat),
-            "gamma": Accumulation(
+            "x": base.Accumulation(K_FORWARD, f"two {stats}-term means on top of recomputing x-hat and s", stat),
+            "gamma": base.Accumulation(
                 K_FORWARD + 1,
                 f"a {rows}-term sum of g*x-hat, each x-hat from {stats}-term statistics: n = {stats} + {rows}",
                 lambda shapes, params: stat(shapes, params) + affine(shapes, params),
             ),
-            "beta": Accumulation(1, f"a {rows}-term sum of g", affine),
+            "beta": base.Accumulation(1, f"a {rows}-term sum of g", affine),
         },
         cost=_cost(layout),
         samples=_samples(layout, sizes),

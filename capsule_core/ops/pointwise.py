@@ -20,39 +20,25 @@ import math
 import numpy as np
 
 from capsule_core.errors import ParamError, ShapeError
-from capsule_core.ops.base import (
-    SPECIAL_VALUES,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    Exact,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    require_same_shape,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 SIZES = {"small": ((7,), (3, 5)), "medium": ((64, 129),), "large": ((1024, 4099),)}
 """Sample shapes per size: odd and non-power-of-two, up to 4M elements."""
 
-EXACT = Exact("one correctly rounded IEEE operation")
-SELECTION = Exact("a selection or a sign change, no rounding")
-HALVING = Exact("a selection, or g/2: one correctly rounded operation")
+EXACT = base.Exact("one correctly rounded IEEE operation")
+SELECTION = base.Exact("a selection or a sign change, no rounding")
+HALVING = base.Exact("a selection, or g/2: one correctly rounded operation")
 
 
 def _samples(inputs: tuple[str, ...], draws: dict, params: dict):
     """Seeded sample inputs: `draws[size](rng, shape)` gives one float32 array of the op's domain."""
 
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         pick = draws[size]
         out = []
         for i, shape in enumerate(SIZES[size]):
-            arrays = {n: f32(pick(rng, shape)) for n in inputs}
-            out.append(Sample(arrays, dict(params), f"{size}-{i}"))
+            arrays = {n: base.f32(pick(rng, shape)) for n in inputs}
+            out.append(base.Sample(arrays, dict(params), f"{size}-{i}"))
         return out
 
     return samples
@@ -71,38 +57,42 @@ def _edges(name: str, inputs: tuple[str, ...], params: dict, extra=()):
     """Empty, size 1, every special value, every pair of special values (binary), plus extras:
     `extra` holds (inputs, param overrides, case id) or a callable returning such a list."""
 
-    def edges() -> list[Sample]:
-        s = SPECIAL_VALUES
+    def edges() -> list[base.Sample]:
+        s = base.SPECIAL_VALUES
         cases = [
-            Sample({n: np.zeros((0,), np.float32) for n in inputs}, dict(params), "edge-empty", True),
-            Sample({n: f32([0.75]) for n in inputs}, dict(params), "edge-one", True),
-            Sample({n: np.zeros((2, 0, 3), np.float32) for n in inputs}, dict(params), "edge-empty-3d", True),
+            base.Sample({n: np.zeros((0,), np.float32) for n in inputs}, dict(params), "edge-empty", True),
+            base.Sample({n: base.f32([0.75]) for n in inputs}, dict(params), "edge-one", True),
+            base.Sample({n: np.zeros((2, 0, 3), np.float32) for n in inputs}, dict(params), "edge-empty-3d", True),
         ]
         if len(inputs) == 1:
-            cases.append(Sample({inputs[0]: s.copy()}, dict(params), "edge-special", True))
+            cases.append(base.Sample({inputs[0]: s.copy()}, dict(params), "edge-special", True))
         else:
             a, b = np.meshgrid(s, s, indexing="ij")
-            cases.append(Sample({inputs[0]: f32(a), inputs[1]: f32(b)}, dict(params), "edge-special-pairs", True))
-        rng = seeded_rng(name, "edge-odd")
-        cases.append(Sample({n: f32(rng.standard_normal((3, 37))) for n in inputs}, dict(params), "edge-odd", True))
+            cases.append(
+                base.Sample({inputs[0]: base.f32(a), inputs[1]: base.f32(b)}, dict(params), "edge-special-pairs", True)
+            )
+        rng = base.seeded_rng(name, "edge-odd")
+        cases.append(
+            base.Sample({n: base.f32(rng.standard_normal((3, 37))) for n in inputs}, dict(params), "edge-odd", True)
+        )
         more = extra() if callable(extra) else extra
-        return cases + [Sample(inputs=x, params={**params, **p}, case=c, worst_case=True) for x, p, c in more]
+        return cases + [base.Sample(inputs=x, params={**params, **p}, case=c, worst_case=True) for x, p, c in more]
 
     return edges
 
 
 def _common_errors(name: str, inputs: tuple[str, ...], params: dict):
     errors = [
-        ErrorCase(
-            Sample({n: np.zeros(3, np.float32) for n in inputs[:-1]}, dict(params), "error-missing-input"),
+        base.ErrorCase(
+            base.Sample({n: np.zeros(3, np.float32) for n in inputs[:-1]}, dict(params), "error-missing-input"),
             ShapeError,
             rf"{inputs[-1]}: required input is missing",
         )
     ]
     if len(inputs) == 2:
         errors.append(
-            ErrorCase(
-                Sample(
+            base.ErrorCase(
+                base.Sample(
                     {inputs[0]: np.zeros((2, 3), np.float32), inputs[1]: np.zeros((3, 2), np.float32)},
                     dict(params),
                     "error-shape-mismatch",
@@ -116,13 +106,13 @@ def _common_errors(name: str, inputs: tuple[str, ...], params: dict):
 
 def _param_error(params: dict, case: str, match: str):
     """An ErrorCase on a one-element x with the given (bad) parameters."""
-    return lambda: ErrorCase(Sample({"x": f32([1.0])}, params, case), ParamError, match)
+    return lambda: base.ErrorCase(base.Sample({"x": base.f32([1.0])}, params, case), ParamError, match)
 
 
 def _same_shape(name: str, inputs: tuple[str, ...]):
     def shape(shapes, params):
         for n in inputs[1:]:
-            require_same_shape(name, n, shapes[n], inputs[0], shapes[inputs[0]])
+            base.require_same_shape(name, n, shapes[n], inputs[0], shapes[inputs[0]])
         return tuple(shapes[inputs[0]])
 
     return shape
@@ -139,7 +129,7 @@ def pointwise(
     error,
     vjp_error,
     flops: int,
-    params: tuple[Param, ...] = (),
+    params: tuple[base.Param, ...] = (),
     draw=_normal(),
     small_draw=None,
     large_draw=None,
@@ -148,7 +138,7 @@ def pointwise(
     extra_errors=(),
     check_params=None,
     doc: str = "",
-) -> OpSpec:
+) -> base.OpSpec:
     """The family factory. `flops` counts floating-point operations per element (cost model;
     a library function counts as one); `check_params(params)` raises ParamError for range
     rules beyond the generic type check. `draw` makes the medium samples and, unless given their
@@ -164,13 +154,13 @@ def pointwise(
         return same(shapes, p)
 
     def cost(shapes, p):
-        n = numel(shapes[inputs[0]])
-        return Cost(bytes_read=4 * n * len(inputs), bytes_written=4 * n, flops=flops * n)
+        n = base.numel(shapes[inputs[0]])
+        return base.Cost(bytes_read=4 * n * len(inputs), bytes_written=4 * n, flops=flops * n)
 
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="pointwise",
-        inputs=tuple(Tensor(n, "(…)") for n in inputs),
+        inputs=tuple(base.Tensor(n, "(…)") for n in inputs),
         params=params,
         shape_rule=f"shape of {inputs[0]}",
         shape=shape,
@@ -211,8 +201,8 @@ RELU = pointwise(
     vjp=lambda a, p, y, g: {"x": np.where(a["x"] > 0, g, 0.0).astype(g.dtype)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=np.where(a["x"] > 0, g, 0.0)),
-    error=Exact("a selection, no rounding"),
-    vjp_error=Exact("a selection, no rounding"),
+    error=base.Exact("a selection, no rounding"),
+    vjp_error=base.Exact("a selection, no rounding"),
     flops=1,
     doc="relu(x) = x if x > 0 else 0; NaN -> 0, -0 -> +0; relu'(0) = 0.",
 )
@@ -274,14 +264,18 @@ GELU = pointwise(
     vjp=_gelu_vjp,
     magnitude=_gelu_magnitude,
     vjp_magnitude=_gelu_vjp_magnitude,
-    error=Accumulation(12, "x³ (2), ·a, +x, ·√(2/π), tanhf (4), 1 + t, the product: 11; design §4's k"),
-    vjp_error=Accumulation(
+    error=base.Accumulation(12, "x³ (2), ·a, +x, ·√(2/π), tanhf (4), 1 + t, the product: 11; design §4's k"),
+    vjp_error=base.Accumulation(
         20, "the tanh argument and tanhf (9), 1 - t² (2), the polynomial (4), 3 products, 1 + t, the sum, ·g: 20"
     ),
     flops=9,
     draw=_normal(3.0),
     extra_edges=[
-        (dict(x=f32([-1e30, -1e20, -100.0, -10.0, -5.0, -1e-3, 1e-3, 5.0, 10.0, 100.0, 1e20, 1e30])), {}, "edge-large")
+        (
+            dict(x=base.f32([-1e30, -1e20, -100.0, -10.0, -5.0, -1e-3, 1e-3, 5.0, 10.0, 100.0, 1e20, 1e30])),
+            {},
+            "edge-large",
+        )
     ],
     doc="gelu(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))) (tanh approximation; the literal formula "
     "gives gelu(-inf) = NaN).",
@@ -297,7 +291,7 @@ ADD = pointwise(
     magnitude=lambda a, p, y: np.abs(a["x"]) + np.abs(a["y"]),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g, y=g),
     error=EXACT,
-    vjp_error=Exact("a copy"),
+    vjp_error=base.Exact("a copy"),
     flops=1,
     doc="add(x, y) = x + y, correctly rounded.",
 )
@@ -312,7 +306,7 @@ SUB = pointwise(
     magnitude=lambda a, p, y: np.abs(a["x"]) + np.abs(a["y"]),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g, y=g),
     error=EXACT,
-    vjp_error=Exact("a copy and a sign change"),
+    vjp_error=base.Exact("a copy and a sign change"),
     flops=1,
     doc="sub(x, y) = x - y, correctly rounded.",
 )
@@ -327,7 +321,7 @@ MUL = pointwise(
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g * a["y"], y=g * a["x"]),
     error=EXACT,
-    vjp_error=Exact("g·y and g·x: one correctly rounded product each"),
+    vjp_error=base.Exact("g·y and g·x: one correctly rounded product each"),
     flops=1,
     doc="mul(x, y) = x*y, correctly rounded.",
 )
@@ -337,7 +331,7 @@ MUL = pointwise(
 SCALE = pointwise(
     "scale",
     inputs=("x",),
-    params=(Param("c", "float", doc="the constant factor"),),
+    params=(base.Param("c", "float", doc="the constant factor"),),
     forward=lambda a, p: p["c"] * a["x"],
     vjp=lambda a, p, y, g: {"x": p["c"] * g},
     magnitude=lambda a, p, y: np.abs(y),
@@ -390,12 +384,12 @@ SQRT = pointwise(
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(**_sqrt_vjp(a, p, y, g)),
     error=EXACT,
-    vjp_error=Accumulation(5, "sqrtf and the division (2), or rsqrtf (4) and ·g"),
+    vjp_error=base.Accumulation(5, "sqrtf and the division (2), or rsqrtf (4) and ·g"),
     flops=1,
     draw=_log_uniform(1.0 / 16, 16.0),
     small_draw=_log_uniform(0.25, 4.0),
     large_draw=_log_uniform(1e-6, 1e6),
-    extra_edges=[(dict(x=f32([4.0, 2.0, 1e-30, 1e-40, 1e30, 3.4028235e38, -4.0, -1e-30])), {}, "edge-range")],
+    extra_edges=[(dict(x=base.f32([4.0, 2.0, 1e-30, 1e-40, 1e30, 3.4028235e38, -4.0, -1e-30])), {}, "edge-range")],
     doc="sqrt(x), correctly rounded; x < 0 -> NaN, -0 -> -0; sqrt'(x) = 1/(2 sqrt x) for x > 0, else 0.",
 )
 
@@ -424,9 +418,9 @@ def _tie_edges(name: str):
     """Ties (x == y, including ±0 against ∓0) and NaN in either input, at an odd size."""
 
     def extra():
-        rng = seeded_rng(name, "edge-ties")
-        x = f32(np.round(rng.standard_normal((5, 41)) * 4) / 4)
-        y = f32(np.round(rng.standard_normal((5, 41)) * 4) / 4)
+        rng = base.seeded_rng(name, "edge-ties")
+        x = base.f32(np.round(rng.standard_normal((5, 41)) * 4) / 4)
+        y = base.f32(np.round(rng.standard_normal((5, 41)) * 4) / 4)
         tie = rng.random(x.shape) < 0.4
         y[tie] = x[tie]
         x[0, :6] = [0.0, -0.0, 0.0, -0.0, np.nan, 1.0]
@@ -481,9 +475,9 @@ def _clamp_vjp(a, p, y, g):
 
 def _clamp_edges():
     """Exactly at lo and hi, one ulp either side, specials; lo = hi; a ±0 bound."""
-    lo, hi = f32(-1.0), f32(1.5)
-    near = [np.nextafter(v, d) for v in (lo, hi) for d in (f32(-np.inf), f32(np.inf))]
-    x = f32([lo, hi, *near, np.nan, np.inf, -np.inf, 0.0, -0.0, 0.25, lo, hi])
+    lo, hi = base.f32(-1.0), base.f32(1.5)
+    near = [np.nextafter(v, d) for v in (lo, hi) for d in (base.f32(-np.inf), base.f32(np.inf))]
+    x = base.f32([lo, hi, *near, np.nan, np.inf, -np.inf, 0.0, -0.0, 0.25, lo, hi])
     return [
         ({"x": x}, {}, "edge-at-bounds"),
         ({"x": x}, {"lo": 0.5, "hi": 0.5}, "edge-lo-equals-hi"),
@@ -494,7 +488,7 @@ def _clamp_edges():
 CLAMP = pointwise(
     "clamp",
     inputs=("x",),
-    params=(Param("lo", "float", doc="lower bound"), Param("hi", "float", doc="upper bound, >= lo")),
+    params=(base.Param("lo", "float", doc="lower bound"), base.Param("hi", "float", doc="upper bound, >= lo")),
     forward=lambda a, p: _minimum(_maximum(a["x"], p["lo"]), p["hi"]),
     vjp=_clamp_vjp,
     magnitude=lambda a, p, y: np.abs(y),
@@ -534,14 +528,14 @@ SIGMOID = pointwise(
     vjp=lambda a, p, y, g: {"x": g * y * (1.0 - y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(y) * (1.0 + np.abs(y))},
-    error=Accumulation(SIGMOID_K, "expf (4), 1 + e, the division; e's error reaches y damped by e/(1 + e)"),
-    vjp_error=Accumulation(SIGMOID_K + 3, "y's 6, 1 - y, two products"),
+    error=base.Accumulation(SIGMOID_K, "expf (4), 1 + e, the division; e's error reaches y damped by e/(1 + e)"),
+    vjp_error=base.Accumulation(SIGMOID_K + 3, "y's 6, 1 - y, two products"),
     flops=3,
     draw=_normal(6.0),
     small_draw=_normal(3.0),
     extra_edges=[
         (
-            dict(x=f32([-1e4, -200.0, -104.0, -88.0, -20.0, -1e-30, 1e-30, 20.0, 88.0, 104.0, 200.0, 1e4])),
+            dict(x=base.f32([-1e4, -200.0, -104.0, -88.0, -20.0, -1e-30, 1e-30, 20.0, 88.0, 104.0, 200.0, 1e4])),
             {},
             "edge-saturation",
         )
@@ -558,12 +552,14 @@ TANH = pointwise(
     vjp=lambda a, p, y, g: {"x": g * (1.0 - y * y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * (1.0 + y * y)},
-    error=Accumulation(4, "tanhf (2 ulp)"),
-    vjp_error=Accumulation(11, "tanhf's 4 doubled by y², the square, 1 - y², the product"),
+    error=base.Accumulation(4, "tanhf (2 ulp)"),
+    vjp_error=base.Accumulation(11, "tanhf's 4 doubled by y², the square, 1 - y², the product"),
     flops=1,
     draw=_normal(4.0),
     small_draw=_normal(2.0),
-    extra_edges=[(dict(x=f32([-100.0, -10.0, -1e-3, -1e-20, 1e-20, 1e-3, 10.0, 100.0, 1e30])), {}, "edge-saturation")],
+    extra_edges=[
+        (dict(x=base.f32([-100.0, -10.0, -1e-3, -1e-20, 1e-20, 1e-3, 10.0, 100.0, 1e30])), {}, "edge-saturation")
+    ],
     doc="tanh(x), saturating to +-1 (tanh(+-100) = +-1).",
 )
 
@@ -591,15 +587,15 @@ SOFTPLUS = pointwise(
     vjp=lambda a, p, y, g: {"x": g * _sigmoid(a["x"])},
     magnitude=lambda a, p, y: _softplus_magnitude(a["x"]),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * _sigmoid(a["x"])},
-    error=Accumulation(SOFTPLUS_K, "expf (4), 1 + e, logf or log1pf (2), the sum"),
-    vjp_error=Accumulation(SIGMOID_K + 1, "sigmoid's 6, the product"),
+    error=base.Accumulation(SOFTPLUS_K, "expf (4), 1 + e, logf or log1pf (2), the sum"),
+    vjp_error=base.Accumulation(SIGMOID_K + 1, "sigmoid's 6, the product"),
     flops=4,
     draw=_normal(6.0),
     small_draw=_normal(3.0),
     extra_edges=[
         (
             dict(
-                x=f32(
+                x=base.f32(
                     [
                         -1e4,
                         -104.0,
@@ -638,20 +634,24 @@ EXP = pointwise(
     vjp=lambda a, p, y, g: {"x": g * _as_float32_result(y)},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(y)},
-    error=Accumulation(4, "expf (2 ulp)"),
-    vjp_error=Accumulation(5, "expf (4), the product"),
+    error=base.Accumulation(4, "expf (2 ulp)"),
+    vjp_error=base.Accumulation(5, "expf (4), the product"),
     flops=1,
     draw=_normal(3.0),
     small_draw=_normal(1.5),
     extra_edges=[
-        (dict(x=f32([-200.0, -104.0, -100.0, -88.0, -1e-30, 1e-30, 80.0, 88.0, 89.0, 100.0, 200.0])), {}, "edge-range")
+        (
+            dict(x=base.f32([-200.0, -104.0, -100.0, -88.0, -1e-30, 1e-30, 80.0, 88.0, 89.0, 100.0, 200.0])),
+            {},
+            "edge-range",
+        )
     ],
     doc="exp(x); beyond float32's range +inf (as every float32 kernel gives).",
 )
 
 # -- sin, cos (radians) ---------------------------------------------------------------------------
 
-TRIG_EDGE = f32([np.pi / 2, np.pi, 2 * np.pi, -np.pi, 1e-30, 100.0, 1e4, 71476.0, 1e5, 1e8, 1e20, -1e30])
+TRIG_EDGE = base.f32([np.pi / 2, np.pi, 2 * np.pi, -np.pi, 1e-30, 100.0, 1e4, 71476.0, 1e5, 1e8, 1e20, -1e30])
 """Near the zeros of sin and cos, and large arguments (the full range reduction)."""
 
 SIN = pointwise(
@@ -661,8 +661,8 @@ SIN = pointwise(
     vjp=lambda a, p, y, g: {"x": g * np.cos(a["x"])},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(np.cos(a["x"]))},
-    error=Accumulation(4, "sinf (2 ulp over the full range)"),
-    vjp_error=Accumulation(5, "cosf (4), the product"),
+    error=base.Accumulation(4, "sinf (2 ulp over the full range)"),
+    vjp_error=base.Accumulation(5, "cosf (4), the product"),
     flops=1,
     draw=_normal(30.0),
     extra_edges=[(dict(x=TRIG_EDGE), {}, "edge-range")],
@@ -676,8 +676,8 @@ COS = pointwise(
     vjp=lambda a, p, y, g: {"x": -g * np.sin(a["x"])},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) * np.abs(np.sin(a["x"]))},
-    error=Accumulation(4, "cosf (2 ulp over the full range)"),
-    vjp_error=Accumulation(5, "sinf (4), the product"),
+    error=base.Accumulation(4, "cosf (2 ulp over the full range)"),
+    vjp_error=base.Accumulation(5, "sinf (4), the product"),
     flops=1,
     draw=_normal(30.0),
     extra_edges=[(dict(x=TRIG_EDGE), {}, "edge-range")],
@@ -693,8 +693,8 @@ LOG = pointwise(
     vjp=lambda a, p, y, g: {"x": g / a["x"]},
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: _abs_dict(x=g / a["x"]),
-    error=Accumulation(2, "logf (1 ulp over the full range, relative to the result even near x = 1)"),
-    vjp_error=Exact("g/x: one correctly rounded division"),
+    error=base.Accumulation(2, "logf (1 ulp over the full range, relative to the result even near x = 1)"),
+    vjp_error=base.Exact("g/x: one correctly rounded division"),
     flops=1,
     draw=_log_uniform(1.0 / 16, 16.0),
     small_draw=_log_uniform(0.25, 4.0),
@@ -702,11 +702,11 @@ LOG = pointwise(
     extra_edges=[
         (
             dict(
-                x=f32(
+                x=base.f32(
                     [
                         1.0,
-                        np.nextafter(f32(1), f32(2)),
-                        np.nextafter(f32(1), f32(0)),
+                        np.nextafter(base.f32(1), base.f32(2)),
+                        np.nextafter(base.f32(1), base.f32(0)),
                         1.0001,
                         0.9999,
                         1e-30,
@@ -740,12 +740,12 @@ INV = pointwise(
     magnitude=lambda a, p, y: np.abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(g) / (a["x"] * a["x"])},
     error=EXACT,
-    vjp_error=Accumulation(4, "x² and the division (2), or 1/x doubled by squaring, the square, ·g (4)"),
+    vjp_error=base.Accumulation(4, "x² and the division (2), or 1/x doubled by squaring, the square, ·g (4)"),
     flops=1,
     draw=_log_uniform(1.0 / 16, 16.0),
     small_draw=_log_uniform(0.25, 4.0),
     large_draw=_log_uniform(1e-6, 1e6),
-    extra_edges=[(dict(x=f32([3.0, -3.0, 1e-10, -1e-10, 1e10, 1e19, 1e20, 3e-39, 1e30])), {}, "edge-range")],
+    extra_edges=[(dict(x=base.f32([3.0, -3.0, 1e-10, -1e-10, 1e10, 1e19, 1e20, 3e-39, 1e30])), {}, "edge-range")],
     doc="inv(x) = 1/x, correctly rounded; +-0 -> +-inf; inv'(x) = -1/x^2 (+-inf beyond float32's range).",
 )
 
@@ -776,23 +776,23 @@ def _safe_log_relative(x, eps):
 SAFE_LOG = pointwise(
     "safe_log",
     inputs=("x",),
-    params=(Param("eps", "float", default=1e-6, doc="added to softplus(x), > 0"),),
+    params=(base.Param("eps", "float", default=1e-6, doc="added to softplus(x), > 0"),),
     forward=_safe_log_forward,
     vjp=_safe_log_vjp,
     magnitude=lambda a, p, y: np.abs(y) + _safe_log_relative(a["x"], p["eps"]),
     vjp_magnitude=lambda a, p, y, g: {
         "x": np.abs(_safe_log_vjp(a, p, y, g)["x"]) * (1.0 + _safe_log_relative(a["x"], p["eps"]))
     },
-    error=Accumulation(SOFTPLUS_K + 3, "softplus's 8, + eps, logf (2)"),
-    vjp_error=Accumulation(SIGMOID_K + SOFTPLUS_K + 3, "sigmoid's 6, softplus's 8, + eps, the division, ·g"),
+    error=base.Accumulation(SOFTPLUS_K + 3, "softplus's 8, + eps, logf (2)"),
+    vjp_error=base.Accumulation(SIGMOID_K + SOFTPLUS_K + 3, "sigmoid's 6, softplus's 8, + eps, the division, ·g"),
     flops=6,
     check_params=_check_eps,
     draw=_normal(6.0),
     small_draw=_normal(3.0),
     extra_edges=[
-        (dict(x=f32([-1e4, -104.0, -30.0, -14.0, -1.0, 0.0, -0.0, 1.0, 14.0, 30.0, 1e4, 1e30])), {}, "edge-range"),
-        (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 0.5}, "edge-eps-large"),
-        (dict(x=f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 1e-40}, "edge-eps-subnormal"),
+        (dict(x=base.f32([-1e4, -104.0, -30.0, -14.0, -1.0, 0.0, -0.0, 1.0, 14.0, 30.0, 1e4, 1e30])), {}, "edge-range"),
+        (dict(x=base.f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 0.5}, "edge-eps-large"),
+        (dict(x=base.f32([-1e4, -30.0, -1.0, 0.0, 1.0, 30.0])), {"eps": 1e-40}, "edge-eps-subnormal"),
     ],
     extra_errors=(
         _param_error({"eps": 0.0}, "error-eps-zero", r"eps: must be > 0"),

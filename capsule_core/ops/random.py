@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ParamError
-from capsule_core.ops.base import DTYPE, Cost, ErrorCase, Exact, OpSpec, Param, Sample, numel
+from capsule_core.ops import base
 
 GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 MASK64 = 2**64 - 1
 
-EXACT = Exact("an integer times 2^-24 below 1 is exactly representable in float32")
+EXACT = base.Exact("an integer times 2^-24 below 1 is exactly representable in float32")
 SHAPES = {"small": ((7,), (3, 5)), "medium": ((64, 129),), "large": ((2048, 1025),)}
 """Sample shapes per size: odd and non-power-of-two, up to 2M elements."""
 
@@ -73,14 +73,14 @@ def _check_p(op: str, params):
 def _random_op(
     name: str,
     *,
-    params: tuple[Param, ...],
+    params: tuple[base.Param, ...],
     draw,
     check=None,
     sample_params: dict,
     extra_edges=(),
     extra_errors=(),
     doc: str,
-) -> OpSpec:
+) -> base.OpSpec:
     """The family factory: `draw(u, params)` maps uniform values u (working dtype) to y."""
 
     def shape(shapes, p):
@@ -90,20 +90,20 @@ def _random_op(
 
     def forward(inputs, p):
         out_shape = tuple(p["shape"])
-        return draw(uniform_values(p["seed"], numel(out_shape), p[DTYPE]), p).reshape(out_shape)
+        return draw(uniform_values(p["seed"], base.numel(out_shape), p[base.DTYPE]), p).reshape(out_shape)
 
     def cost(shapes, p):
-        n = numel(p["shape"])
+        n = base.numel(p["shape"])
         # The generator is integer arithmetic; the float work is one scale or compare per element.
-        return Cost(bytes_read=0, bytes_written=4 * n, flops=n)
+        return base.Cost(bytes_read=0, bytes_written=4 * n, flops=n)
 
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         return [
-            Sample({}, {**sample_params, "shape": s, "seed": int(rng.integers(0, 2**63))}, f"{size}-{i}")
+            base.Sample({}, {**sample_params, "shape": s, "seed": int(rng.integers(0, 2**63))}, f"{size}-{i}")
             for i, s in enumerate(SHAPES[size])
         ]
 
-    def edges() -> list[Sample]:
+    def edges() -> list[base.Sample]:
         cases = [
             ({"shape": (0,), "seed": 1}, "edge-empty"),
             ({"shape": (2, 0, 3), "seed": 1}, "edge-empty-3d"),
@@ -111,23 +111,23 @@ def _random_op(
             ({"shape": (1,), "seed": 0}, "edge-one-seed0"),
             ({"shape": (3, 37), "seed": 2**64 - 1}, "edge-odd-max-seed"),
         ]
-        return [Sample({}, {**sample_params, **p}, c, True) for p, c in cases] + [
-            Sample({}, {**sample_params, **p}, c, True) for p, c in extra_edges
+        return [base.Sample({}, {**sample_params, **p}, c, True) for p, c in cases] + [
+            base.Sample({}, {**sample_params, **p}, c, True) for p, c in extra_edges
         ]
 
-    def errors() -> list[ErrorCase]:
-        base = {**sample_params, "shape": (3,), "seed": 1}
+    def errors() -> list[base.ErrorCase]:
+        given = {**sample_params, "shape": (3,), "seed": 1}
         cases = [
-            (dict(base, shape=(2, -1)), ParamError, r"shape: dimensions must be non-negative"),
-            (dict(base, shape=4), ParamError, r"shape: must be a tuple of ints"),
-            (dict(base, seed=-1), ParamError, r"seed: must be an int in \[0, 2\*\*64\)"),
-            (dict(base, seed=2**64), ParamError, r"seed: must be an int in \[0, 2\*\*64\)"),
-            ({k: v for k, v in base.items() if k != "seed"}, ParamError, r"seed: required parameter is missing"),
-            ({k: v for k, v in base.items() if k != "shape"}, ParamError, r"shape: required parameter is missing"),
+            (dict(given, shape=(2, -1)), ParamError, r"shape: dimensions must be non-negative"),
+            (dict(given, shape=4), ParamError, r"shape: must be a tuple of ints"),
+            (dict(given, seed=-1), ParamError, r"seed: must be an int in \[0, 2\*\*64\)"),
+            (dict(given, seed=2**64), ParamError, r"seed: must be an int in \[0, 2\*\*64\)"),
+            ({k: v for k, v in given.items() if k != "seed"}, ParamError, r"seed: required parameter is missing"),
+            ({k: v for k, v in given.items() if k != "shape"}, ParamError, r"shape: required parameter is missing"),
         ] + list(extra_errors)
-        return [ErrorCase(Sample({}, p, f"error-{i}"), e, m) for i, (p, e, m) in enumerate(cases)]
+        return [base.ErrorCase(base.Sample({}, p, f"error-{i}"), e, m) for i, (p, e, m) in enumerate(cases)]
 
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="random",
         inputs=(),
@@ -145,8 +145,8 @@ def _random_op(
     )
 
 
-SHAPE = Param("shape", "shape", doc="output shape, non-negative dimensions")
-SEED = Param("seed", "seed", doc="generator seed in [0, 2**64)")
+SHAPE = base.Param("shape", "shape", doc="output shape, non-negative dimensions")
+SEED = base.Param("seed", "seed", doc="generator seed in [0, 2**64)")
 
 # -- rand_uniform: u_i = (r_i >> 8)·2⁻²⁴ in [0, 1) -----------------------------------------
 
@@ -162,7 +162,7 @@ RAND_UNIFORM = _random_op(
 
 BERNOULLI_MASK = _random_op(
     "bernoulli_mask",
-    params=(SHAPE, Param("p", "float", doc="keep probability in [0, 1]"), SEED),
+    params=(SHAPE, base.Param("p", "float", doc="keep probability in [0, 1]"), SEED),
     draw=lambda u, p: (u < p["p"]).astype(u.dtype),
     check=_check_p,
     sample_params={"p": 0.3},

@@ -5,22 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ParamError, ShapeError
-from capsule_core.ops.base import (
-    SPECIAL_VALUES,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    Exact,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    normalize_axis,
-    numel,
-    order_terms,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 SIZES = {
     "small": (((7,), None), ((3, 5), 1), ((2, 3, 4), -3)),
@@ -29,7 +14,7 @@ SIZES = {
 }
 """Sample (shape, axis) per size: every axis form, odd and non-power-of-two lengths."""
 
-AXIS = Param("axis", "axis_or_none", default=None, doc="axis to reduce (negative counts from the end), None = all")
+AXIS = base.Param("axis", "axis_or_none", default=None, doc="axis to reduce (negative counts from the end), None = all")
 
 
 def _axis(x_shape, params):
@@ -41,7 +26,7 @@ def _axis(x_shape, params):
 def _count(x_shape, params) -> int:
     """n: how many elements each output sums."""
     axis = _axis(x_shape, params)
-    return numel(x_shape) if axis is None else int(x_shape[axis])
+    return base.numel(x_shape) if axis is None else int(x_shape[axis])
 
 
 def _reduced_shape(x_shape, params) -> tuple:
@@ -52,7 +37,7 @@ def _reduced_shape(x_shape, params) -> tuple:
 def _shape(op: str):
     def shape(shapes, params):
         if params["axis"] is not None:
-            normalize_axis(op, "axis", params["axis"], len(shapes["x"]))
+            base.normalize_axis(op, "axis", params["axis"], len(shapes["x"]))
         return _reduced_shape(tuple(shapes["x"]), params)
 
     return shape
@@ -86,9 +71,9 @@ def _mean_vjp(a, params, y, g):
     return {"x": _broadcast_back(g * _inverse_count(x.shape, params), x.shape, params)}
 
 
-def _samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     return [
-        Sample({"x": f32(2.0 * rng.standard_normal(shape))}, {"axis": axis}, f"{size}-{i}")
+        base.Sample({"x": base.f32(2.0 * rng.standard_normal(shape))}, {"axis": axis}, f"{size}-{i}")
         for i, (shape, axis) in enumerate(SIZES[size])
     ]
 
@@ -96,7 +81,7 @@ def _samples(size: str, rng: np.random.Generator) -> list[Sample]:
 def _special_rows() -> np.ndarray:
     """Rows of special values whose float32 sum cannot overflow (no 3e38 + 3e38)."""
     nan, inf = np.nan, np.inf
-    return f32(
+    return base.f32(
         [
             [nan, 1.0, 2.0],
             [inf, 1.0, -2.0],
@@ -111,51 +96,55 @@ def _special_rows() -> np.ndarray:
 
 
 def _edges(op: str):
-    def edges() -> list[Sample]:
-        rng = seeded_rng(op, "edge-odd")
+    def edges() -> list[base.Sample]:
+        rng = base.seeded_rng(op, "edge-odd")
         cases = [
             ({"x": np.zeros((0,), np.float32)}, {"axis": None}, "edge-empty"),
             ({"x": np.zeros((2, 0, 3), np.float32)}, {"axis": None}, "edge-empty-3d-all"),
             ({"x": np.zeros((2, 0, 3), np.float32)}, {"axis": 1}, "edge-empty-axis"),
             ({"x": np.zeros((2, 0, 3), np.float32)}, {"axis": 0}, "edge-empty-output"),
-            ({"x": f32(0.75)}, {"axis": None}, "edge-rank0"),
-            ({"x": f32([0.75])}, {"axis": 0}, "edge-one"),
-            ({"x": f32(rng.standard_normal((3, 37, 5)))}, {"axis": 1}, "edge-odd-middle"),
-            ({"x": f32(rng.standard_normal((3, 37, 5)))}, {"axis": -1}, "edge-odd-last"),
+            ({"x": base.f32(0.75)}, {"axis": None}, "edge-rank0"),
+            ({"x": base.f32([0.75])}, {"axis": 0}, "edge-one"),
+            ({"x": base.f32(rng.standard_normal((3, 37, 5)))}, {"axis": 1}, "edge-odd-middle"),
+            ({"x": base.f32(rng.standard_normal((3, 37, 5)))}, {"axis": -1}, "edge-odd-last"),
             ({"x": _special_rows()}, {"axis": 1}, "edge-special-rows"),
             (
-                {"x": SPECIAL_VALUES[np.isfinite(SPECIAL_VALUES) & (np.abs(SPECIAL_VALUES) < 1e38)].copy()},
+                {
+                    "x": base.SPECIAL_VALUES[
+                        np.isfinite(base.SPECIAL_VALUES) & (np.abs(base.SPECIAL_VALUES) < 1e38)
+                    ].copy()
+                },
                 {"axis": None},
                 "edge-special-finite",
             ),
             ({"x": np.full((4097,), 0.1, np.float32)}, {"axis": 0}, "edge-same-sign-4097"),
-            ({"x": f32(np.abs(rng.standard_normal((3, 100_001))))}, {"axis": -1}, "edge-same-sign-long"),
+            ({"x": base.f32(np.abs(rng.standard_normal((3, 100_001))))}, {"axis": -1}, "edge-same-sign-long"),
         ]
-        return [Sample(x, p, c, True) for x, p, c in cases]
+        return [base.Sample(x, p, c, True) for x, p, c in cases]
 
     return edges
 
 
-def _errors() -> list[ErrorCase]:
+def _errors() -> list[base.ErrorCase]:
     x2 = np.zeros((2, 3), np.float32)
     cases = [
         ({"x": x2}, {"axis": 2}, ParamError, r"axis: must be in \[-2, 2\) for rank 2, got 2"),
         ({"x": x2}, {"axis": -3}, ParamError, r"axis: must be in \[-2, 2\) for rank 2, got -3"),
-        ({"x": f32(1.0)}, {"axis": 0}, ParamError, r"axis: must be in \[0, 0\) for rank 0"),
+        ({"x": base.f32(1.0)}, {"axis": 0}, ParamError, r"axis: must be in \[0, 0\) for rank 0"),
         ({"x": x2}, {"axis": 1.0}, ParamError, r"axis: must be an int or None"),
         ({}, {}, ShapeError, r"x: required input is missing"),
     ]
-    return [ErrorCase(Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
+    return [base.ErrorCase(base.Sample(x, p, f"error-{i}"), e, m) for i, (x, p, e, m) in enumerate(cases)]
 
 
-def _order_inputs() -> list[Sample]:
+def _order_inputs() -> list[base.Sample]:
     """The three orders as rows, summed along the contiguous axis, along the strided one, and
     all together (the rows one after another)."""
-    rows = np.stack(list(order_terms().values()))
+    rows = np.stack(list(base.order_terms().values()))
     return [
-        Sample({"x": rows}, {"axis": -1}, "order-rows", True),
-        Sample({"x": np.ascontiguousarray(rows.T)}, {"axis": 0}, "order-columns", True),
-        Sample({"x": rows}, {"axis": None}, "order-all", True),
+        base.Sample({"x": rows}, {"axis": -1}, "order-rows", True),
+        base.Sample({"x": np.ascontiguousarray(rows.T)}, {"axis": 0}, "order-columns", True),
+        base.Sample({"x": rows}, {"axis": None}, "order-all", True),
     ]
 
 
@@ -171,10 +160,10 @@ def _left_fold_sum(a, p):
 
 def _cost(extra_flops_per_output: int):
     def cost(shapes, params):
-        size = numel(shapes["x"])
-        outputs = numel(_reduced_shape(shapes["x"], params))
+        size = base.numel(shapes["x"])
+        outputs = base.numel(_reduced_shape(shapes["x"], params))
         # One addition per input element, plus the per-output scaling of the mean.
-        return Cost(bytes_read=4 * size, bytes_written=4 * outputs, flops=size + extra_flops_per_output * outputs)
+        return base.Cost(bytes_read=4 * size, bytes_written=4 * outputs, flops=size + extra_flops_per_output * outputs)
 
     return cost
 
@@ -191,12 +180,12 @@ def reduction(
     left_fold,
     extra_flops_per_output: int,
     doc: str,
-) -> OpSpec:
+) -> base.OpSpec:
     """The family factory: one input x, the axis parameter, the shape rule above."""
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="reduce",
-        inputs=(Tensor("x", "(…)"),),
+        inputs=(base.Tensor("x", "(…)"),),
         params=(AXIS,),
         shape_rule="x.shape without axis; () for axis=None",
         shape=_shape(name),
@@ -232,8 +221,8 @@ REDUCE_SUM = reduction(
     vjp=lambda a, p, y, g: {"x": _broadcast_back(g, a["x"].shape, p)},
     magnitude=lambda a, p, y: _abs_sum(a, p),
     vjp_magnitude=lambda a, p, y, g: {"x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64)},
-    error=Accumulation(1, "n-term sum: n-1 additions inside gamma_n, one spare", _length),
-    vjp_error=Exact("a copy of g"),
+    error=base.Accumulation(1, "n-term sum: n-1 additions inside gamma_n, one spare", _length),
+    vjp_error=base.Exact("a copy of g"),
     left_fold=_left_fold_sum,
     extra_flops_per_output=0,
     doc="reduce_sum(x, axis=None): sum over axis (removed) or of everything (shape ()); empty -> 0.",
@@ -249,8 +238,8 @@ REDUCE_MEAN = reduction(
     vjp_magnitude=lambda a, p, y, g: {
         "x": np.abs(_broadcast_back(g, a["x"].shape, p)).astype(np.float64) / max(1, _count(a["x"].shape, p))
     },
-    error=Accumulation(3, "n-term sum inside gamma_n; rounding 1/n, the product, one spare", _length),
-    vjp_error=Accumulation(2, "g/n or g*(1/n): at most two roundings"),
+    error=base.Accumulation(3, "n-term sum inside gamma_n; rounding 1/n, the product, one spare", _length),
+    vjp_error=base.Accumulation(2, "g/n or g*(1/n): at most two roundings"),
     left_fold=lambda a, p: _left_fold_sum(a, p) * _inverse_count(a["x"].shape, p),
     extra_flops_per_output=1,
     doc="reduce_mean(x, axis=None): sum * (1/n) over axis or everything; empty -> NaN.",

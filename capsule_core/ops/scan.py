@@ -12,19 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ShapeError
-from capsule_core.ops.base import (
-    Accumulation,
-    Cost,
-    ErrorCase,
-    OpSpec,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 
 def _at(coefficient, t: int):
@@ -104,7 +92,7 @@ def _require_coefficient(name: str, shape, batch: int, steps: int, channels: int
 
 
 def _shape(shapes, p):
-    require_rank("selective_scan", "x", shapes["x"], 3, 3)
+    base.require_rank("selective_scan", "x", shapes["x"], 3, 3)
     batch, steps, channels = shapes["x"]
     _require_coefficient("a", shapes["a"], batch, steps, channels)
     _require_coefficient("b", shapes["b"], batch, steps, channels)
@@ -117,27 +105,27 @@ def _shape(shapes, p):
 
 def _cost(shapes, p):
     """flops: two products and a sum per (b, t, d)."""
-    n = numel(shapes["x"])
-    read = n + numel(shapes["a"]) + numel(shapes["b"]) + numel(shapes["h0"])
-    return Cost(bytes_read=4 * read, bytes_written=4 * n, flops=3 * n)
+    n = base.numel(shapes["x"])
+    read = n + base.numel(shapes["a"]) + base.numel(shapes["b"]) + base.numel(shapes["h0"])
+    return base.Cost(bytes_read=4 * read, bytes_written=4 * n, flops=3 * n)
 
 
-def _case(rng, batch, steps, channels, a_form, b_form, case, worst_case=False, decay=(0.5, 1.0)) -> Sample:
+def _case(rng, batch, steps, channels, a_form, b_form, case, worst_case=False, decay=(0.5, 1.0)) -> base.Sample:
     """|A| drawn from `decay` with random signs (bounded, long memory near 1); Bc ~ U(−1, 1)."""
 
     def coefficient(form, draw):
-        return f32(draw((channels,) if form == "shared" else (batch, steps, channels)))
+        return base.f32(draw((channels,) if form == "shared" else (batch, steps, channels)))
 
     def signed_decay(shape):
         return np.where(rng.random(shape) < 0.5, -1.0, 1.0) * rng.uniform(*decay, shape)
 
     inputs = {
-        "x": f32(rng.standard_normal((batch, steps, channels))),
+        "x": base.f32(rng.standard_normal((batch, steps, channels))),
         "a": coefficient(a_form, signed_decay),
         "b": coefficient(b_form, lambda shape: rng.uniform(-1.0, 1.0, shape)),
-        "h0": f32(rng.standard_normal((batch, channels))),
+        "h0": base.f32(rng.standard_normal((batch, channels))),
     }
-    return Sample(inputs, {}, case, worst_case)
+    return base.Sample(inputs, {}, case, worst_case)
 
 
 SIZES = {
@@ -171,27 +159,27 @@ EDGES = (
 
 def _edges():
     return [
-        _case(seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, decay)
+        _case(base.seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, decay)
         for b, t, d, fa, fb, case, decay in EDGES
     ]
 
 
-def _order_inputs() -> list[Sample]:
+def _order_inputs() -> list[base.Sample]:
     """Unit decay and gate from h0 = 0: h is the running sum of x along time, every output a
     prefix sum of the orders of order_terms (one batch element each)."""
-    x = np.stack(list(order_terms().values()))[:, :, None]
+    x = np.stack(list(base.order_terms().values()))[:, :, None]
     inputs = {"x": x, "a": np.ones(1, np.float32), "b": np.ones(1, np.float32), "h0": np.zeros((3, 1), np.float32)}
-    return [Sample(inputs, {}, "order-time", True)]
+    return [base.Sample(inputs, {}, "order-time", True)]
 
 
-def _error(case, argument, pattern, x=(2, 5, 3), a=(3,), b=(3,), h0=(2, 3)) -> ErrorCase:
+def _error(case, argument, pattern, x=(2, 5, 3), a=(3,), b=(3,), h0=(2, 3)) -> base.ErrorCase:
     inputs = {
         "x": np.zeros(x, np.float32),
         "a": np.zeros(a, np.float32),
         "b": np.zeros(b, np.float32),
         "h0": np.zeros(h0, np.float32),
     }
-    return ErrorCase(Sample(inputs, {}, case), ShapeError, rf"{argument}: {pattern}")
+    return base.ErrorCase(base.Sample(inputs, {}, case), ShapeError, rf"{argument}: {pattern}")
 
 
 def _errors():
@@ -218,14 +206,14 @@ def _coefficient_length(name: str, chain: int):
     return n
 
 
-SELECTIVE_SCAN = OpSpec(
+SELECTIVE_SCAN = base.OpSpec(
     name="selective_scan",
     family="scan",
     inputs=(
-        Tensor("x", "(B, T, D)"),
-        Tensor("a", "(D) or (B, T, D)"),
-        Tensor("b", "(D) or (B, T, D)"),
-        Tensor("h0", "(B, D)"),
+        base.Tensor("x", "(B, T, D)"),
+        base.Tensor("a", "(D) or (B, T, D)"),
+        base.Tensor("b", "(D) or (B, T, D)"),
+        base.Tensor("h0", "(B, D)"),
     ),
     params=(),
     shape_rule="(B, T, D)",
@@ -235,19 +223,19 @@ SELECTIVE_SCAN = OpSpec(
     magnitude=_magnitude,
     vjp_magnitude=_vjp_magnitude,
     # Near the subnormals M is right (float32 A·h + Bc·X meets it); a chunked scan's Π A must not underflow.
-    error=Accumulation(
+    error=base.Accumulation(
         4,
         "Bc·X 1 rounding, a chunked or parallel scan's combine 2 more; each step rounds the carried state "
         "twice (A·h, + Bc·X; once with FMA), so n = 2T over the unrolled recurrence",
         n=_recurrence_length,
     ),
     vjp_error={
-        "x": Accumulation(4, "the reverse recurrence (n = 2T) times Bc", n=_recurrence_length),
-        "h0": Accumulation(4, "the reverse recurrence (n = 2T) times A[0]", n=_recurrence_length),
-        "a": Accumulation(
+        "x": base.Accumulation(4, "the reverse recurrence (n = 2T) times Bc", n=_recurrence_length),
+        "h0": base.Accumulation(4, "the reverse recurrence (n = 2T) times A[0]", n=_recurrence_length),
+        "a": base.Accumulation(
             4, "reverse total (2T) times h[t−1] (2T): n = 4T, + B·T summed when shared", n=_coefficient_length("a", 4)
         ),
-        "b": Accumulation(
+        "b": base.Accumulation(
             4, "reverse total (2T) times X: n = 2T, + B·T summed when shared", n=_coefficient_length("b", 2)
         ),
     },

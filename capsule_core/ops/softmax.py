@@ -10,20 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ShapeError
-from capsule_core.ops.base import (
-    Accumulation,
-    Cost,
-    ErrorCase,
-    OpSpec,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    require_same_shape,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 SIZES = {"small": ((7,), (3, 5), (2, 3, 4)), "medium": ((128, 129), (16, 1000)), "large": ((1024, 1000), (256, 4097))}
 """Sample shapes per size: rank 1 to 3, odd and non-power-of-two rows, up to 1000 and 4097."""
@@ -36,7 +23,7 @@ def _row_length(shapes, params) -> int:
 
 
 def _check_rows(op: str, shapes):
-    require_rank(op, "x", shapes["x"], 1)
+    base.require_rank(op, "x", shapes["x"], 1)
     if shapes["x"][-1] < 1:
         raise ShapeError(op, "x", f"the last axis (D) must be at least 1, got shape {tuple(shapes['x'])}")
 
@@ -95,13 +82,13 @@ def _log_softmax_magnitude(x):
 
 
 def _samples(inputs: tuple[str, ...], draw_mask: bool):
-    def samples(size: str, rng: np.random.Generator) -> list[Sample]:
+    def samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
         out = []
         for i, shape in enumerate(SIZES[size]):
-            arrays = {"x": f32(LOGIT_SCALE * rng.standard_normal(shape))}
+            arrays = {"x": base.f32(LOGIT_SCALE * rng.standard_normal(shape))}
             if draw_mask:
                 arrays["mask"] = _random_mask(rng, shape)
-            out.append(Sample(arrays, {}, f"{size}-{i}"))
+            out.append(base.Sample(arrays, {}, f"{size}-{i}"))
         return out
 
     return samples
@@ -109,7 +96,7 @@ def _samples(inputs: tuple[str, ...], draw_mask: bool):
 
 def _random_mask(rng: np.random.Generator, shape) -> np.ndarray:
     """About 70 % allowed (1.0), with the first row fully blocked (rows permitting)."""
-    mask = f32(rng.random(shape) < 0.7)
+    mask = base.f32(rng.random(shape) < 0.7)
     if len(shape) >= 2:
         mask.reshape(-1, shape[-1])[0] = 0.0
     return mask
@@ -118,26 +105,26 @@ def _random_mask(rng: np.random.Generator, shape) -> np.ndarray:
 def _common_edges(op: str, huge_rows) -> list[tuple[np.ndarray, str]]:
     """(x, case) edges shared by softmax and log_softmax. `huge_rows`: rows of ±3e38 logits
     whose results stay in float32 range for this op."""
-    rng = seeded_rng(op, "edges")
+    rng = base.seeded_rng(op, "edges")
     inf = np.inf
     return [
         (np.zeros((0, 5), np.float32), "edge-empty"),
         (np.zeros((2, 0, 3), np.float32), "edge-empty-3d"),
-        (f32([[-3e38], [3e38], [0.0], [-1e-45]]), "edge-rows-of-one"),
-        (f32([0.75]), "edge-one"),
-        (f32(np.repeat([[0.0], [5.5], [-1e30], [-0.0]], 17, axis=1)), "edge-all-equal"),
-        (f32(huge_rows), "edge-huge-logits"),
-        (f32([[-inf, 1.0, 2.0, -inf], [0.0, -inf, 0.0, 0.0], [-inf, -inf, -inf, 7.0]]), "edge-minus-inf"),
-        (f32([[1e-45, -1e-45, 0.0, -0.0], [1.1754942e-38, 0.0, -1.1754942e-38, 1e-45]]), "edge-subnormal"),
-        (f32([[0.0, -50.0, -100.0, 20.0, 87.0], [-87.0, 0.0, 30.0, -30.0, 1.0]]), "edge-wide-spread"),
-        (f32(LOGIT_SCALE * rng.standard_normal((3, 37))), "edge-odd"),
-        (f32(LOGIT_SCALE * rng.standard_normal((2, 1000))), "edge-row-1000"),
-        (f32(LOGIT_SCALE * rng.standard_normal((1, 4097))), "edge-row-4097"),
-        (f32(LOGIT_SCALE * rng.standard_normal((3, 2000))), "edge-row-2000"),
+        (base.f32([[-3e38], [3e38], [0.0], [-1e-45]]), "edge-rows-of-one"),
+        (base.f32([0.75]), "edge-one"),
+        (base.f32(np.repeat([[0.0], [5.5], [-1e30], [-0.0]], 17, axis=1)), "edge-all-equal"),
+        (base.f32(huge_rows), "edge-huge-logits"),
+        (base.f32([[-inf, 1.0, 2.0, -inf], [0.0, -inf, 0.0, 0.0], [-inf, -inf, -inf, 7.0]]), "edge-minus-inf"),
+        (base.f32([[1e-45, -1e-45, 0.0, -0.0], [1.1754942e-38, 0.0, -1.1754942e-38, 1e-45]]), "edge-subnormal"),
+        (base.f32([[0.0, -50.0, -100.0, 20.0, 87.0], [-87.0, 0.0, 30.0, -30.0, 1.0]]), "edge-wide-spread"),
+        (base.f32(LOGIT_SCALE * rng.standard_normal((3, 37))), "edge-odd"),
+        (base.f32(LOGIT_SCALE * rng.standard_normal((2, 1000))), "edge-row-1000"),
+        (base.f32(LOGIT_SCALE * rng.standard_normal((1, 4097))), "edge-row-4097"),
+        (base.f32(LOGIT_SCALE * rng.standard_normal((3, 2000))), "edge-row-2000"),
     ]
 
 
-def _row_errors(op: str, mask: bool) -> list[ErrorCase]:
+def _row_errors(op: str, mask: bool) -> list[base.ErrorCase]:
     def inputs(x):
         """x, with a mask of its shape when the op takes one."""
         return {"x": x, "mask": np.ones_like(x)} if mask else {"x": x}
@@ -169,7 +156,7 @@ def _row_errors(op: str, mask: bool) -> list[ErrorCase]:
                 r"mask: unknown input \(inputs: x\)",
             )
         )
-    return [ErrorCase(Sample(x, {}, f"error-{i}"), e, m) for i, (x, e, m) in enumerate(cases)]
+    return [base.ErrorCase(base.Sample(x, {}, f"error-{i}"), e, m) for i, (x, e, m) in enumerate(cases)]
 
 
 def _cost(flops_per_element: int, inputs: int, flops_per_row: int = 0):
@@ -177,9 +164,9 @@ def _cost(flops_per_element: int, inputs: int, flops_per_row: int = 0):
     hard_masked_softmax adds the mask test (6); log_softmax adds one log per row."""
 
     def cost(shapes, params):
-        size = numel(shapes["x"])
+        size = base.numel(shapes["x"])
         rows = size // max(1, int(shapes["x"][-1]))
-        return Cost(
+        return base.Cost(
             bytes_read=4 * size * inputs, bytes_written=4 * size, flops=flops_per_element * size + flops_per_row * rows
         )
 
@@ -190,10 +177,10 @@ def _order_inputs(masked: bool):
     """Rows of logits ln(terms) for the non-negative order_terms: the row sum of exp(x − max)
     is 1 among many 2⁻²⁴ (a left fold from the top loses them all), one row per order."""
 
-    def order_inputs() -> list[Sample]:
-        x = f32(np.log(np.stack(list(order_terms(signed=False).values()))))
+    def order_inputs() -> list[base.Sample]:
+        x = base.f32(np.log(np.stack(list(base.order_terms(signed=False).values()))))
         arrays = {"x": x, "mask": np.ones_like(x)} if masked else {"x": x}
-        return [Sample(arrays, {}, "order-rows", True)]
+        return [base.Sample(arrays, {}, "order-rows", True)]
 
     return order_inputs
 
@@ -201,7 +188,7 @@ def _order_inputs(masked: bool):
 def row_op(
     name: str,
     *,
-    inputs: tuple[Tensor, ...],
+    inputs: tuple[base.Tensor, ...],
     forward,
     vjp,
     magnitude,
@@ -213,16 +200,16 @@ def row_op(
     edges,
     errors,
     doc: str,
-) -> OpSpec:
+) -> base.OpSpec:
     """The family factory: x (…, D) with D ≥ 1, and an optional mask of x's shape."""
 
     def shape(shapes, params):
         _check_rows(name, shapes)
         if "mask" in shapes:
-            require_same_shape(name, "mask", shapes["mask"], "x", shapes["x"])
+            base.require_same_shape(name, "mask", shapes["mask"], "x", shapes["x"])
         return tuple(shapes["x"])
 
-    return OpSpec(
+    return base.OpSpec(
         name=name,
         family="softmax",
         inputs=inputs,
@@ -244,7 +231,7 @@ def row_op(
     )
 
 
-X_ROWS = Tensor("x", "(…, D)")
+X_ROWS = base.Tensor("x", "(…, D)")
 
 # -- log_softmax: (x − m) − ln Σ exp(x − m) ----------------------------------------------------
 
@@ -257,13 +244,13 @@ LOG_SOFTMAX = row_op(
     vjp_magnitude=lambda a, p, y, g: {
         "x": np.abs(g) + np.exp(y) * _row_sum(np.abs(g)) * (1.0 + _log_softmax_magnitude(a["x"]))
     },
-    error=Accumulation(
+    error=base.Accumulation(
         8,
         "expf 2 ulp (4u) on each term of the n-term sum, logf 1 ulp, the final "
         "subtraction, one spare; |z| terms carry the rounding of x - max",
         _row_length,
     ),
-    vjp_error=Accumulation(
+    vjp_error=base.Accumulation(
         14,
         "exp(y) carries y's error (k = 8 through M) plus expf 2 ulp (4u), the "
         "product and the subtraction; n-term sum of g",
@@ -272,7 +259,7 @@ LOG_SOFTMAX = row_op(
     cost=_cost(5, 1, flops_per_row=1),
     samples=_samples(("x",), False),
     edges=lambda: [
-        Sample({"x": x}, {}, c, True)
+        base.Sample({"x": x}, {}, c, True)
         for x, c in _common_edges("log_softmax", [[3e38, 3e38, 1e38], [-3e38, -1e38, -2e38], [3e38, 0.0, 1e38]])
     ],
     errors=lambda: _row_errors("log_softmax", False),
@@ -288,13 +275,13 @@ SOFTMAX = row_op(
     vjp=lambda a, p, y, g: {"x": y * (g - _row_sum(g * y))},
     magnitude=lambda a, p, y: _softmax_magnitude(y, _finite_abs(_shifted(a["x"]))),
     vjp_magnitude=lambda a, p, y, g: {"x": _softmax_vjp_magnitude(y, _finite_abs(_shifted(a["x"])), g)},
-    error=Accumulation(
+    error=base.Accumulation(
         10,
         "expf 2 ulp (4u) on e_i and on each term of the n-term sum, the division, "
         "one spare; |z| terms carry the rounding of x - max",
         _row_length,
     ),
-    vjp_error=Accumulation(
+    vjp_error=base.Accumulation(
         12,
         "y carries the forward's error (k = 10 through M); the n-term dot, the subtraction and the product",
         _row_length,
@@ -302,7 +289,7 @@ SOFTMAX = row_op(
     cost=_cost(5, 1),
     samples=_samples(("x",), False),
     edges=lambda: [
-        Sample({"x": x}, {}, c, True)
+        base.Sample({"x": x}, {}, c, True)
         for x, c in _common_edges(
             "softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38], [3e38, 2.9e38, -1e38, 1e38]]
         )
@@ -332,57 +319,61 @@ def _hard_masked_softmax(x, mask):
     return e / np.where(dead, 1.0, s)
 
 
-def _hard_masked_edges() -> list[Sample]:
-    rng = seeded_rng("hard_masked_softmax", "edges")
+def _hard_masked_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("hard_masked_softmax", "edges")
     nan, inf = np.nan, np.inf
     cases = [
         (x, np.ones_like(x), c)
         for x, c in _common_edges("hard_masked_softmax", [[3e38, -3e38, 0.0, 3e38], [-3e38, -3e38, -3e38, -3e38]])
     ]
-    x4 = f32(LOGIT_SCALE * rng.standard_normal((4, 6)))
+    x4 = base.f32(LOGIT_SCALE * rng.standard_normal((4, 6)))
     cases += [
         (x4, np.zeros_like(x4), "edge-all-blocked"),
         (
-            f32([[nan, 1.0, inf, 2.0, -inf, nan], [1.0, 2.0, 3.0, nan, inf, -inf], [nan, nan, inf, -inf, 3e38, 0.0]]),
-            f32([[0, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]),
+            base.f32(
+                [[nan, 1.0, inf, 2.0, -inf, nan], [1.0, 2.0, 3.0, nan, inf, -inf], [nan, nan, inf, -inf, 3e38, 0.0]]
+            ),
+            base.f32([[0, 1, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]]),
             "edge-nan-inf-blocked",
         ),
         (
-            f32([[-inf, -inf, 1.0, nan], [-inf, 2.0, -inf, 0.5]]),
-            f32([[1, 1, 0, 0], [1, 0, 1, 0]]),
+            base.f32([[-inf, -inf, 1.0, nan], [-inf, 2.0, -inf, 0.5]]),
+            base.f32([[1, 1, 0, 0], [1, 0, 1, 0]]),
             "edge-allowed-all-minus-inf",
         ),
         (
-            f32([[1.0, 2.0, 3.0, 4.0, 5.0]] * 2),
-            f32([[-0.0, 0.5, -2.0, 0.0, 1.0], [1e30, -0.0, 0.0, -1.0, 3.0]]),
+            base.f32([[1.0, 2.0, 3.0, 4.0, 5.0]] * 2),
+            base.f32([[-0.0, 0.5, -2.0, 0.0, 1.0], [1e30, -0.0, 0.0, -1.0, 3.0]]),
             "edge-mask-values",
         ),
-        (f32([[4.0], [-3e38], [nan]]), f32([[1.0], [1.0], [0.0]]), "edge-rows-of-one-masked"),
+        (base.f32([[4.0], [-3e38], [nan]]), base.f32([[1.0], [1.0], [0.0]]), "edge-rows-of-one-masked"),
         (
-            f32([[3e38, -3e38, 3e38, 1.0], [-3e38, 3e38, 2.0, 1.0]]),
-            f32([[1, 1, 0, 1], [1, 0, 1, 0]]),
+            base.f32([[3e38, -3e38, 3e38, 1.0], [-3e38, 3e38, 2.0, 1.0]]),
+            base.f32([[1, 1, 0, 1], [1, 0, 1, 0]]),
             "edge-huge-logits-masked",
         ),
     ]
     for shape in ((2, 1000), (1, 4097), (3, 37), (3, 2000)):
         key = "x".join(map(str, shape))
-        cases.append((f32(LOGIT_SCALE * rng.standard_normal(shape)), _random_mask(rng, shape), f"edge-masked-{key}"))
-    return [Sample({"x": x, "mask": m}, {}, c, True) for x, m, c in cases]
+        cases.append(
+            (base.f32(LOGIT_SCALE * rng.standard_normal(shape)), _random_mask(rng, shape), f"edge-masked-{key}")
+        )
+    return [base.Sample({"x": x, "mask": m}, {}, c, True) for x, m, c in cases]
 
 
 HARD_MASKED_SOFTMAX = row_op(
     "hard_masked_softmax",
-    inputs=(X_ROWS, Tensor("mask", "(…, D)", differentiable=False)),
+    inputs=(X_ROWS, base.Tensor("mask", "(…, D)", differentiable=False)),
     forward=lambda a, p: _hard_masked_softmax(a["x"], a["mask"]),
     vjp=lambda a, p, y, g: {"x": y * (g - _row_sum(g * y))},
     magnitude=lambda a, p, y: _softmax_magnitude(y, _finite_abs(_masked_shift(a["x"], a["mask"])[0])),
     vjp_magnitude=lambda a, p, y, g: {
         "x": _softmax_vjp_magnitude(y, _finite_abs(_masked_shift(a["x"], a["mask"])[0]), g)
     },
-    error=Accumulation(
+    error=base.Accumulation(
         10, "softmax's k over the allowed entries (the mask test is exact); n = D bounds the allowed count", _row_length
     ),
-    vjp_error=Accumulation(12, "softmax's VJP; blocked entries have y = 0 exactly", _row_length),
+    vjp_error=base.Accumulation(12, "softmax's VJP; blocked entries have y = 0 exactly", _row_length),
     cost=_cost(6, 2),
     samples=_samples(("x", "mask"), True),
     edges=_hard_masked_edges,

@@ -13,19 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from capsule_core.errors import ShapeError
-from capsule_core.ops.base import (
-    Accumulation,
-    Cost,
-    ErrorCase,
-    OpSpec,
-    Sample,
-    Tensor,
-    f32,
-    numel,
-    order_terms,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
 
 def _twiddles(grid: int, modes: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -132,11 +120,11 @@ def _vjp_magnitude(a, p, y, g):
 
 
 def _shape(shapes, p):
-    require_rank("fft_fno", "x", shapes["x"], 3, 3)
+    base.require_rank("fft_fno", "x", shapes["x"], 3, 3)
     batch, grid, c_in = shapes["x"]
     if grid < 1:
         raise ShapeError("fft_fno", "x", f"grid length G = x.shape[1] must be >= 1, got shape {shapes['x']}")
-    require_rank("fft_fno", "w_re", shapes["w_re"], 3, 3)
+    base.require_rank("fft_fno", "w_re", shapes["w_re"], 3, 3)
     modes, w_in, c_out = shapes["w_re"]
     if not 1 <= modes <= grid // 2 + 1:
         raise ShapeError(
@@ -161,22 +149,22 @@ def _cost(shapes, p):
     batch, grid, c_in = shapes["x"]
     modes, _, c_out = shapes["w_re"]
     flops = 4 * batch * modes * grid * c_in + 8 * batch * modes * c_in * c_out + 4 * batch * grid * modes * c_out
-    return Cost(
-        bytes_read=4 * (numel(shapes["x"]) + 2 * numel(shapes["w_re"])),
+    return base.Cost(
+        bytes_read=4 * (base.numel(shapes["x"]) + 2 * base.numel(shapes["w_re"])),
         bytes_written=4 * batch * grid * c_out,
         flops=flops + batch * modes * c_out,
     )
 
 
-def _case(rng, batch, grid, c_in, c_out, modes, case, worst_case=False) -> Sample:
+def _case(rng, batch, grid, c_in, c_out, modes, case, worst_case=False) -> base.Sample:
     """x ~ N(0, 1), weights ~ N(0, 1/Ci) so y stays O(1) whatever the channel count."""
     w_scale = 1.0 / np.sqrt(max(c_in, 1))
     inputs = {
-        "x": f32(rng.standard_normal((batch, grid, c_in))),
-        "w_re": f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
-        "w_im": f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
+        "x": base.f32(rng.standard_normal((batch, grid, c_in))),
+        "w_re": base.f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
+        "w_im": base.f32(w_scale * rng.standard_normal((modes, c_in, c_out))),
     }
-    return Sample(inputs, {}, case, worst_case)
+    return base.Sample(inputs, {}, case, worst_case)
 
 
 SIZES = {
@@ -207,32 +195,32 @@ EDGES = (
 
 
 def _edges():
-    cases = [_case(seeded_rng("fft_fno", case), b, g, ci, co, m, case, True) for b, g, ci, co, m, case in EDGES]
+    cases = [_case(base.seeded_rng("fft_fno", case), b, g, ci, co, m, case, True) for b, g, ci, co, m, case in EDGES]
     for grid in (10, 11):
         modes = grid // 2 + 1
         identity = np.broadcast_to(np.eye(3, dtype=np.float32), (modes, 3, 3)).copy()
-        x = f32(seeded_rng("fft_fno", f"edge-identity-{grid}").standard_normal((2, grid, 3)))
+        x = base.f32(base.seeded_rng("fft_fno", f"edge-identity-{grid}").standard_normal((2, grid, 3)))
         cases.append(
-            Sample({"x": x, "w_re": identity, "w_im": np.zeros_like(identity)}, {}, f"edge-identity-{grid}", True)
+            base.Sample({"x": x, "w_re": identity, "w_im": np.zeros_like(identity)}, {}, f"edge-identity-{grid}", True)
         )
     return cases
 
 
-def _order_inputs() -> list[Sample]:
+def _order_inputs() -> list[base.Sample]:
     """The orders of order_terms along the grid (one batch element each), the DC mode alone with
     unit weights: the DC bin is the plain sum of the grid."""
-    x = np.stack(list(order_terms().values()))[:, :, None]
+    x = np.stack(list(base.order_terms().values()))[:, :, None]
     inputs = {"x": x, "w_re": np.ones((1, 1, 1), np.float32), "w_im": np.zeros((1, 1, 1), np.float32)}
-    return [Sample(inputs, {}, "order-grid", True)]
+    return [base.Sample(inputs, {}, "order-grid", True)]
 
 
-def _error(case, x_shape, w_re_shape, w_im_shape, argument, pattern) -> ErrorCase:
+def _error(case, x_shape, w_re_shape, w_im_shape, argument, pattern) -> base.ErrorCase:
     inputs = {
         "x": np.zeros(x_shape, np.float32),
         "w_re": np.zeros(w_re_shape, np.float32),
         "w_im": np.zeros(w_im_shape, np.float32),
     }
-    return ErrorCase(Sample(inputs, {}, case), ShapeError, rf"{argument}: .*{pattern}")
+    return base.ErrorCase(base.Sample(inputs, {}, case), ShapeError, rf"{argument}: .*{pattern}")
 
 
 def _errors():
@@ -263,10 +251,10 @@ def _weight_grad_length(shapes, p):
     return shapes["x"][1] * (2 * shapes["x"][0] + 1)
 
 
-FFT_FNO = OpSpec(
+FFT_FNO = base.OpSpec(
     name="fft_fno",
     family="spectral",
-    inputs=(Tensor("x", "(B, G, Ci)"), Tensor("w_re", "(M, Ci, Co)"), Tensor("w_im", "(M, Ci, Co)")),
+    inputs=(base.Tensor("x", "(B, G, Ci)"), base.Tensor("w_re", "(M, Ci, Co)"), base.Tensor("w_im", "(M, Ci, Co)")),
     params=(),
     shape_rule="(B, G, Co)",
     shape=_shape,
@@ -274,7 +262,7 @@ FFT_FNO = OpSpec(
     vjp=_vjp,
     magnitude=_magnitude,
     vjp_magnitude=_vjp_magnitude,
-    error=Accumulation(
+    error=base.Accumulation(
         16,
         "3 products, 2 twiddles (sinf/cosf 2 ulp + 2 argument roundings each), 1/G scale 2 -> 13, "
         "rounded up; n = 2·G·Ci + 4·M·Ci covers a kernel that fuses the mix into either transform "
@@ -282,17 +270,17 @@ FFT_FNO = OpSpec(
         n=_fused_transform_length(lambda s: s["x"][2]),
     ),
     vjp_error={
-        "x": Accumulation(
+        "x": base.Accumulation(
             16,
             "the adjoint chain of the forward with Co for Ci: n = 2·G·Co + 4·M·Co",
             n=_fused_transform_length(lambda s: s["w_re"][2]),
         ),
-        "w_re": Accumulation(
+        "w_re": base.Accumulation(
             16,
             "two G-term spectra (x's and g's), then a sum over batch, possibly fused over (b, t): n = 2·B·G + G",
             n=_weight_grad_length,
         ),
-        "w_im": Accumulation(16, "as w_re: n = 2·B·G + G", n=_weight_grad_length),
+        "w_im": base.Accumulation(16, "as w_re: n = 2·B·G + G", n=_weight_grad_length),
     },
     cost=_cost,
     samples=_samples,

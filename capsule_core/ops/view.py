@@ -13,58 +13,43 @@ import math
 import numpy as np
 
 from capsule_core.errors import ParamError, ShapeError
-from capsule_core.ops.base import (
-    SPECIAL_VALUES,
-    Accumulation,
-    Cost,
-    ErrorCase,
-    Exact,
-    OpSpec,
-    Param,
-    Sample,
-    Tensor,
-    f32,
-    normalize_axis,
-    numel,
-    require_rank,
-    seeded_rng,
-)
+from capsule_core.ops import base
 
-COPY = Exact("a copy: values move, nothing is computed")
+COPY = base.Exact("a copy: values move, nothing is computed")
 MAX_PERMUTE_RANK = 8
 
 
 def _normal(rng: np.random.Generator, shape) -> np.ndarray:
-    return f32(2.0 * rng.standard_normal(shape))
+    return base.f32(2.0 * rng.standard_normal(shape))
 
 
-def _numbered(prefix: str, cases) -> list[Sample]:
+def _numbered(prefix: str, cases) -> list[base.Sample]:
     """Samples with stable ids "<prefix>-0", "<prefix>-1", ... from (inputs, params) pairs."""
-    return [Sample(inputs, params, f"{prefix}-{i}") for i, (inputs, params) in enumerate(cases)]
+    return [base.Sample(inputs, params, f"{prefix}-{i}") for i, (inputs, params) in enumerate(cases)]
 
 
-def _edges(cases) -> list[Sample]:
+def _edges(cases) -> list[base.Sample]:
     """Edge samples (worst-case bound) from (case id, inputs, params) triples."""
-    return [Sample(inputs, params, case, True) for case, inputs, params in cases]
+    return [base.Sample(inputs, params, case, True) for case, inputs, params in cases]
 
 
 def _abs(a) -> np.ndarray:
     return np.abs(np.asarray(a, dtype=np.float64))
 
 
-def _copy_cost(shapes, p) -> Cost:
+def _copy_cost(shapes, p) -> base.Cost:
     """A single-input copy: every output element read once and written once."""
-    n = numel(shapes["x"])
-    return Cost(bytes_read=4 * n, bytes_written=4 * n, flops=0)
+    n = base.numel(shapes["x"])
+    return base.Cost(bytes_read=4 * n, bytes_written=4 * n, flops=0)
 
 
 def _specials(shape) -> np.ndarray:
     """SPECIAL_VALUES tiled to `shape`: NaN, ±inf, ±0, subnormals, the largest normals."""
-    return np.resize(SPECIAL_VALUES, shape)
+    return np.resize(base.SPECIAL_VALUES, shape)
 
 
-def _error(case: str, inputs: dict, params: dict, error, match: str) -> ErrorCase:
-    return ErrorCase(Sample(inputs, params, case), error, match)
+def _error(case: str, inputs: dict, params: dict, error, match: str) -> base.ErrorCase:
+    return base.ErrorCase(base.Sample(inputs, params, case), error, match)
 
 
 # -- reshape: the same buffer read with a new shape -------------------------------------------
@@ -72,7 +57,7 @@ def _error(case: str, inputs: dict, params: dict, error, match: str) -> ErrorCas
 
 def _reshape_shape(shapes, p) -> tuple:
     target, x_shape = p["shape"], tuple(shapes["x"])
-    size = numel(x_shape)
+    size = base.numel(x_shape)
     if any(d < -1 for d in target):
         raise ParamError("reshape", "shape", f"entries must be >= 0 or a single -1, got {target}")
     if target.count(-1) > 1:
@@ -97,7 +82,7 @@ def _reshape_shape(shapes, p) -> tuple:
     return target
 
 
-def _reshape_samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _reshape_samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     cases = {
         "small": (((3, 4, 5), (-1, 5, 4)), ((7,), (7, 1)), ((2, 3, 5), (5, 6))),
         "medium": (((64, 129), (43, -1)), ((16, 31, 33), (-1,))),
@@ -106,14 +91,14 @@ def _reshape_samples(size: str, rng: np.random.Generator) -> list[Sample]:
     return _numbered(size, [({"x": _normal(rng, s)}, {"shape": t}) for s, t in cases])
 
 
-def _reshape_edges() -> list[Sample]:
-    rng = seeded_rng("reshape", "edge")
+def _reshape_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("reshape", "edge")
     return _edges(
         [
             ("edge-empty", {"x": np.zeros((0, 3), np.float32)}, {"shape": (3, 0)}),
             ("edge-empty-infer", {"x": np.zeros((2, 0, 3), np.float32)}, {"shape": (-1, 3)}),
-            ("edge-rank0-to-1x1", {"x": f32(0.75)}, {"shape": (1, 1)}),
-            ("edge-to-rank0", {"x": f32([[[-1.5]]])}, {"shape": ()}),
+            ("edge-rank0-to-1x1", {"x": base.f32(0.75)}, {"shape": (1, 1)}),
+            ("edge-to-rank0", {"x": base.f32([[[-1.5]]])}, {"shape": ()}),
             ("edge-infer-only", {"x": _normal(rng, (3, 37))}, {"shape": (-1,)}),
             ("edge-size1-axes", {"x": _normal(rng, (5, 7))}, {"shape": (1, 5, 1, 7, 1)}),
             ("edge-special", {"x": _specials((14,))}, {"shape": (2, 7)}),
@@ -121,7 +106,7 @@ def _reshape_edges() -> list[Sample]:
     )
 
 
-def _reshape_errors() -> list[ErrorCase]:
+def _reshape_errors() -> list[base.ErrorCase]:
     x = np.zeros((3, 4), np.float32)
     return [
         _error("error-count", {"x": x}, {"shape": (5, 2)}, ParamError, r"reshape: shape: must hold the 12 elements"),
@@ -139,20 +124,20 @@ def _reshape_errors() -> list[ErrorCase]:
     ]
 
 
-RESHAPE = OpSpec(
+RESHAPE = base.OpSpec(
     name="reshape",
     family="view",
-    inputs=(Tensor("x", "(…)"),),
-    params=(Param("shape", "shape", doc="the new shape; one -1 is inferred"),),
+    inputs=(base.Tensor("x", "(…)"),),
+    params=(base.Param("shape", "shape", doc="the new shape; one -1 is inferred"),),
     shape_rule="shape, with a -1 inferred",
     shape=_reshape_shape,
     forward=lambda a, p: a["x"].reshape(p["shape"]),
     vjp=lambda a, p, y, g: {"x": g.reshape(a["x"].shape)},
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: {"x": _abs(g).reshape(a["x"].shape)},
-    error=Exact("the same buffer: nothing is computed"),
-    vjp_error=Exact("the same buffer: nothing is computed"),
-    cost=lambda shapes, p: Cost(0, 0, 0),  # no copy and no launch: the buffer is only relabelled
+    error=base.Exact("the same buffer: nothing is computed"),
+    vjp_error=base.Exact("the same buffer: nothing is computed"),
+    cost=lambda shapes, p: base.Cost(0, 0, 0),  # no copy and no launch: the buffer is only relabelled
     samples=_reshape_samples,
     edges=_reshape_edges,
     errors=_reshape_errors,
@@ -165,7 +150,7 @@ RESHAPE = OpSpec(
 
 def _permute_shape(shapes, p) -> tuple:
     x_shape, perm = tuple(shapes["x"]), p["perm"]
-    require_rank("permute", "x", x_shape, 0, MAX_PERMUTE_RANK)
+    base.require_rank("permute", "x", x_shape, 0, MAX_PERMUTE_RANK)
     rank = len(x_shape)
     if len(perm) != rank:
         raise ParamError("permute", "perm", f"must have one entry per axis of x (rank {rank}), got {perm}")
@@ -185,7 +170,7 @@ def _inverse(perm: tuple) -> tuple:
     return tuple(inverse)
 
 
-def _permute_samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _permute_samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     cases = {
         "small": (((3, 4, 5), (2, 0, 1)), ((2, 3, 1, 5), (3, 1, 0, 2))),
         "medium": (((64, 129), (1, 0)), ((8, 9, 10, 11, 12), (4, 2, 0, 3, 1))),
@@ -194,8 +179,8 @@ def _permute_samples(size: str, rng: np.random.Generator) -> list[Sample]:
     return _numbered(size, [({"x": _normal(rng, s)}, {"perm": perm}) for s, perm in cases])
 
 
-def _permute_edges() -> list[Sample]:
-    rng = seeded_rng("permute", "edge")
+def _permute_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("permute", "edge")
     return _edges(
         [
             ("edge-empty", {"x": np.zeros((0, 3, 2), np.float32)}, {"perm": (2, 0, 1)}),
@@ -203,12 +188,12 @@ def _permute_edges() -> list[Sample]:
             ("edge-identity", {"x": _normal(rng, (3, 37))}, {"perm": (0, 1)}),
             ("edge-rank8", {"x": _normal(rng, (2, 1, 3, 1, 2, 3, 1, 2))}, {"perm": (7, 2, 5, 0, 3, 6, 1, 4)}),
             ("edge-special", {"x": _specials((2, 7))}, {"perm": (1, 0)}),
-            ("edge-rank0", {"x": f32(-2.5)}, {"perm": ()}),
+            ("edge-rank0", {"x": base.f32(-2.5)}, {"perm": ()}),
         ]
     )
 
 
-def _permute_errors() -> list[ErrorCase]:
+def _permute_errors() -> list[base.ErrorCase]:
     x = np.zeros((2, 3, 4), np.float32)
     return [
         _error(
@@ -229,11 +214,11 @@ def _permute_errors() -> list[ErrorCase]:
     ]
 
 
-PERMUTE = OpSpec(
+PERMUTE = base.OpSpec(
     name="permute",
     family="view",
-    inputs=(Tensor("x", "(…) rank <= 8"),),
-    params=(Param("perm", "perm", doc="a permutation of range(rank)"),),
+    inputs=(base.Tensor("x", "(…) rank <= 8"),),
+    params=(base.Param("perm", "perm", doc="a permutation of range(rank)"),),
     shape_rule="x.shape[perm[i]] for each i",
     shape=_permute_shape,
     forward=lambda a, p: np.transpose(a["x"], p["perm"]).copy(),
@@ -287,7 +272,7 @@ def _broadcast_vjp(a, p, y, g) -> dict:
     return {"x": g.sum(axis=_summed_axes(x.shape, p["shape"]), dtype=g.dtype).reshape(x.shape)}
 
 
-def _broadcast_samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _broadcast_samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     cases = {
         "small": (((3, 1, 5), (2, 3, 4, 5)), ((4,), (3, 4)), ((), (2, 3))),
         "medium": (((1, 129), (64, 129)), ((16, 1, 33), (8, 16, 31, 33))),
@@ -296,12 +281,12 @@ def _broadcast_samples(size: str, rng: np.random.Generator) -> list[Sample]:
     return _numbered(size, [({"x": _normal(rng, s)}, {"shape": t}) for s, t in cases])
 
 
-def _broadcast_edges() -> list[Sample]:
-    rng = seeded_rng("broadcast", "edge")
+def _broadcast_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("broadcast", "edge")
     return _edges(
         [
-            ("edge-from-rank0", {"x": f32(-0.0)}, {"shape": (3, 37)}),
-            ("edge-rank0-to-rank0", {"x": f32(1.25)}, {"shape": ()}),
+            ("edge-from-rank0", {"x": base.f32(-0.0)}, {"shape": (3, 37)}),
+            ("edge-rank0-to-rank0", {"x": base.f32(1.25)}, {"shape": ()}),
             ("edge-new-leading-axes", {"x": _normal(rng, (2, 1))}, {"shape": (5, 3, 2, 7)}),
             ("edge-identity", {"x": _normal(rng, (3, 37))}, {"shape": (3, 37)}),
             ("edge-one-to-empty", {"x": _normal(rng, (1, 3))}, {"shape": (0, 3)}),
@@ -313,7 +298,7 @@ def _broadcast_edges() -> list[Sample]:
     )
 
 
-def _broadcast_errors() -> list[ErrorCase]:
+def _broadcast_errors() -> list[base.ErrorCase]:
     x = np.zeros((3, 4), np.float32)
     return [
         _error(
@@ -335,11 +320,11 @@ def _broadcast_errors() -> list[ErrorCase]:
     ]
 
 
-BROADCAST = OpSpec(
+BROADCAST = base.OpSpec(
     name="broadcast",
     family="view",
-    inputs=(Tensor("x", "(…)"),),
-    params=(Param("shape", "shape", doc="the target shape"),),
+    inputs=(base.Tensor("x", "(…)"),),
+    params=(base.Param("shape", "shape", doc="the target shape"),),
     shape_rule="shape (x's axes aligned to the right, each 1 or equal)",
     shape=_broadcast_shape,
     forward=lambda a, p: np.array(np.broadcast_to(a["x"], p["shape"])),
@@ -347,8 +332,10 @@ BROADCAST = OpSpec(
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _broadcast_vjp(a, p, y, _abs(g)),
     error=COPY,
-    vjp_error=Accumulation(1, "a sum of the broadcast copies of each element; k = 1 spare rounding", _copies),
-    cost=lambda shapes, p: Cost(bytes_read=4 * numel(shapes["x"]), bytes_written=4 * math.prod(p["shape"]), flops=0),
+    vjp_error=base.Accumulation(1, "a sum of the broadcast copies of each element; k = 1 spare rounding", _copies),
+    cost=lambda shapes, p: base.Cost(
+        bytes_read=4 * base.numel(shapes["x"]), bytes_written=4 * math.prod(p["shape"]), flops=0
+    ),
     samples=_broadcast_samples,
     edges=_broadcast_edges,
     errors=_broadcast_errors,
@@ -365,7 +352,7 @@ def _concat_shape(shapes, p) -> tuple:
     for i, s in enumerate(parts[1:], start=1):
         if len(s) != len(first):
             raise ShapeError("concat", f"xs[{i}]", f"must have the rank of xs[0] {first}, got shape {s}")
-    axis = normalize_axis("concat", "axis", p["axis"], len(first))
+    axis = base.normalize_axis("concat", "axis", p["axis"], len(first))
     for i, s in enumerate(parts[1:], start=1):
         if s[:axis] != first[:axis] or s[axis + 1 :] != first[axis + 1 :]:
             raise ShapeError("concat", f"xs[{i}]", f"must match xs[0] {first} on every axis but {axis}, got shape {s}")
@@ -379,7 +366,7 @@ def _concat_vjp(a, p, y, g) -> dict:
     return {"xs": tuple(part.copy() for part in np.split(g, ends, axis=axis))}
 
 
-def _concat_samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _concat_samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     cases = {
         "small": ((((2, 3), (2, 5), (2, 1)), 1), (((3, 2, 2), (1, 2, 2)), 0), (((2, 3, 2), (2, 4, 2)), -2)),
         "medium": ((((64, 100), (64, 29), (64, 129)), -1), (((30, 64, 7), (30, 64, 9)), 2)),
@@ -388,8 +375,8 @@ def _concat_samples(size: str, rng: np.random.Generator) -> list[Sample]:
     return _numbered(size, [({"xs": tuple(_normal(rng, s) for s in shapes)}, {"axis": axis}) for shapes, axis in cases])
 
 
-def _concat_edges() -> list[Sample]:
-    rng = seeded_rng("concat", "edge")
+def _concat_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("concat", "edge")
     return _edges(
         [
             ("edge-one-input", {"xs": (_normal(rng, (3, 37)),)}, {"axis": 1}),
@@ -411,7 +398,7 @@ def _concat_edges() -> list[Sample]:
     )
 
 
-def _concat_errors() -> list[ErrorCase]:
+def _concat_errors() -> list[base.ErrorCase]:
     a, b = np.zeros((2, 3), np.float32), np.zeros((3, 3), np.float32)
     return [
         _error("error-empty-list", {"xs": ()}, {"axis": 0}, ShapeError, r"concat: xs: must be a non-empty list"),
@@ -426,15 +413,21 @@ def _concat_errors() -> list[ErrorCase]:
             r"xs\[1\]: must have the rank of xs\[0\]",
         ),
         _error("error-axis-range", {"xs": (a, a)}, {"axis": 2}, ParamError, r"concat: axis: must be in \[-2, 2\)"),
-        _error("error-rank0", {"xs": (f32(1.0), f32(2.0))}, {"axis": 0}, ParamError, r"concat: axis: .* for rank 0"),
+        _error(
+            "error-rank0",
+            {"xs": (base.f32(1.0), base.f32(2.0))},
+            {"axis": 0},
+            ParamError,
+            r"concat: axis: .* for rank 0",
+        ),
     ]
 
 
-CONCAT = OpSpec(
+CONCAT = base.OpSpec(
     name="concat",
     family="view",
-    inputs=(Tensor("xs", "list of (…), equal but along axis", variadic=True),),
-    params=(Param("axis", "axis", doc="the axis joined along; negative counts from the end"),),
+    inputs=(base.Tensor("xs", "list of (…), equal but along axis", variadic=True),),
+    params=(base.Param("axis", "axis", doc="the axis joined along; negative counts from the end"),),
     shape_rule="xs[0].shape with axis summed over xs",
     shape=_concat_shape,
     forward=lambda a, p: np.concatenate(a["xs"], axis=p["axis"]),
@@ -443,9 +436,9 @@ CONCAT = OpSpec(
     vjp_magnitude=lambda a, p, y, g: _concat_vjp(a, p, y, _abs(g)),
     error=COPY,
     vjp_error=COPY,
-    cost=lambda shapes, p: Cost(
-        bytes_read=4 * sum(numel(s) for s in shapes["xs"]),
-        bytes_written=4 * sum(numel(s) for s in shapes["xs"]),
+    cost=lambda shapes, p: base.Cost(
+        bytes_read=4 * sum(base.numel(s) for s in shapes["xs"]),
+        bytes_written=4 * sum(base.numel(s) for s in shapes["xs"]),
         flops=0,
     ),
     samples=_concat_samples,
@@ -460,7 +453,7 @@ CONCAT = OpSpec(
 
 def _slice_shape(shapes, p) -> tuple:
     x_shape = tuple(shapes["x"])
-    axis = normalize_axis("slice", "axis", p["axis"], len(x_shape))
+    axis = base.normalize_axis("slice", "axis", p["axis"], len(x_shape))
     start, length, size = p["start"], p["length"], x_shape[axis]
     if not 0 <= start <= size:
         raise ParamError("slice", "start", f"must be in [0, {size}] (the size of axis {axis} of x), got {start}")
@@ -487,7 +480,7 @@ def _slice_vjp(a, p, y, g) -> dict:
     return {"x": dx}
 
 
-def _slice_samples(size: str, rng: np.random.Generator) -> list[Sample]:
+def _slice_samples(size: str, rng: np.random.Generator) -> list[base.Sample]:
     cases = {
         "small": (((4, 9), (1, 2, 5)), ((6, 5), (0, 0, 3)), ((2, 3, 7), (-1, 4, 3))),
         "medium": (((64, 129), (1, 17, 100)), ((30, 40, 50), (1, 3, 31))),
@@ -498,8 +491,8 @@ def _slice_samples(size: str, rng: np.random.Generator) -> list[Sample]:
     )
 
 
-def _slice_edges() -> list[Sample]:
-    rng = seeded_rng("slice", "edge")
+def _slice_edges() -> list[base.Sample]:
+    rng = base.seeded_rng("slice", "edge")
     x = _normal(rng, (3, 37))
     return _edges(
         [
@@ -515,7 +508,7 @@ def _slice_edges() -> list[Sample]:
     )
 
 
-def _slice_errors() -> list[ErrorCase]:
+def _slice_errors() -> list[base.ErrorCase]:
     x = np.zeros((4, 6), np.float32)
 
     def refused(case, axis, start, length, match):
@@ -529,7 +522,7 @@ def _slice_errors() -> list[ErrorCase]:
         refused("error-past-end", 0, 2, 3, r"slice: length: start \+ length must be <= 4"),
         _error(
             "error-rank0",
-            {"x": f32(1.0)},
+            {"x": base.f32(1.0)},
             {"axis": 0, "start": 0, "length": 1},
             ParamError,
             r"slice: axis: .* for rank 0",
@@ -537,14 +530,14 @@ def _slice_errors() -> list[ErrorCase]:
     ]
 
 
-SLICE = OpSpec(
+SLICE = base.OpSpec(
     name="slice",
     family="view",
-    inputs=(Tensor("x", "(…)"),),
+    inputs=(base.Tensor("x", "(…)"),),
     params=(
-        Param("axis", "axis", doc="the sliced axis; negative counts from the end"),
-        Param("start", "int", doc="first index taken, 0 <= start"),
-        Param("length", "int", doc="how many indices, start + length <= size"),
+        base.Param("axis", "axis", doc="the sliced axis; negative counts from the end"),
+        base.Param("start", "int", doc="first index taken, 0 <= start"),
+        base.Param("length", "int", doc="how many indices, start + length <= size"),
     ),
     shape_rule="x.shape with axis replaced by length",
     shape=_slice_shape,
@@ -553,9 +546,11 @@ SLICE = OpSpec(
     magnitude=lambda a, p, y: _abs(y),
     vjp_magnitude=lambda a, p, y, g: _slice_vjp(a, p, y, _abs(g)),
     error=COPY,
-    vjp_error=Exact("a copy into zeros"),
-    cost=lambda shapes, p: Cost(
-        bytes_read=4 * numel(_slice_shape(shapes, p)), bytes_written=4 * numel(_slice_shape(shapes, p)), flops=0
+    vjp_error=base.Exact("a copy into zeros"),
+    cost=lambda shapes, p: base.Cost(
+        bytes_read=4 * base.numel(_slice_shape(shapes, p)),
+        bytes_written=4 * base.numel(_slice_shape(shapes, p)),
+        flops=0,
     ),
     samples=_slice_samples,
     edges=_slice_edges,
