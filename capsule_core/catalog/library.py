@@ -1,8 +1,8 @@
 """Capsule libraries: kernels that live elsewhere, described so that capsules can hold them to
 their contracts. A library is a declaration in Python (CapsuleLibrary: its name, sources, build
-options, launch plans, own ops and capsules); `load_declaration` turns one into a `Library` of
-KernelCapsules. The 46 built-in capsules are the first library, built through `kernel_capsule`
-like every other (catalog/native_cuda.py).
+options, launch plans, own ops and capsules); `load_path` and `load_entry_point` turn one into a
+`Library` of KernelCapsules (catalog/kernel_capsules.py, through `kernel_capsule`, as the 46
+built-in capsules are made in catalog/native_cuda.py). Imported only when a library is loaded.
 
 A broken declaration (an import error, an unknown op, a kernel its sources do not define) is a
 LibraryError naming the library and the line of the declaration at fault.
@@ -10,29 +10,22 @@ LibraryError naming the library and the line of the declaration at fault.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import re
 import sys
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Mapping
 
+from capsule_core.catalog.kernel_capsules import Library, kernel_capsule
 from capsule_core.errors import CapsuleError
 from capsule_core.model import (
-    LAYOUT_CLAIMS,
     BackendOp,
     BuildOptions,
-    ContractClaim,
-    ContractDescriptor,
-    ContractEvidence,
-    Device,
     KernelCapsule,
     LibraryOp,
     NativeSymbolRef,
-    NumericalPolicy,
-    Provider,
     ReductionPolicy,
     TensorLayout,
     TrustLevel,
@@ -40,84 +33,9 @@ from capsule_core.model import (
 )
 from capsule_core.source_files import include_closure
 
-SHAPE_GUARD = "capsule_core.ops.base.validate"
-LAYOUT_GUARD = "capsule_core.ops.base.as_input_arrays"
-
-LAYOUT_SUMMARY = {
-    TensorLayout.FLAT_ROW_MAJOR: "Contiguous flat row-major float32 buffers, last axis fastest.",
-    TensorLayout.CHANNEL_FIRST: "Contiguous flat row-major (N, C, *spatial) float32 buffers.",
-    TensorLayout.ALIAS: "The output aliases the input buffer; only the shape changes.",
-}
-
-POLICY_NOTE = {
-    ReductionPolicy.NOT_APPLICABLE: "no reduction",
-    ReductionPolicy.IMPLEMENTATION_DEFINED: "the summation tree and order are chosen by the kernel; "
-    "values are held to the order-free bound",
-    ReductionPolicy.FIXED_LEFT: "bitwise a float32 left fold",
-}
-
 
 class LibraryError(CapsuleError):
     """A capsule library that cannot be loaded: the message names the library and the line."""
-
-
-def kernel_capsule(
-    library: str,
-    op: BackendOp | LibraryOp,
-    forward: tuple[NativeSymbolRef, ...],
-    backward: tuple[NativeSymbolRef, ...],
-    *,
-    value_summary: str,
-    vjp_summary: str,
-    description: str,
-    family: str,
-    vjp_mode: VJPMode = VJPMode.BACKEND_VJP,
-    reduction: ReductionPolicy = ReductionPolicy.NOT_APPLICABLE,
-    trust: TrustLevel = TrustLevel.CHECKED,
-    layout: TensorLayout = TensorLayout.FLAT_ROW_MAJOR,
-    value_claim: ContractClaim = ContractClaim.VALUE_MATCHES_REFERENCE,
-    policy_note: str | None = None,
-) -> KernelCapsule:
-    """A native CUDA capsule `<library>.<op>` with its four contracts: shapes and layout held by
-    the host's runtime guards, the value and the VJP by verify's checks, each naming its kernels."""
-    no_vjp = vjp_mode is VJPMode.NONE
-    short = op.value.removeprefix(f"{library}.")
-    return KernelCapsule(
-        name=f"{library}.{short}",
-        op=op,
-        provider=Provider.NATIVE_CUDA,
-        device=Device.CUDA,
-        trust_level=trust,
-        supports_forward=True,
-        vjp_mode=vjp_mode,
-        layout=layout,
-        shape=ContractDescriptor(
-            ContractClaim.SHAPE_CHECKED,
-            "Shapes and parameters are checked on the host before any launch.",
-            ContractEvidence.runtime_guard(SHAPE_GUARD),
-            forward,
-        ),
-        layout_contract=ContractDescriptor(
-            LAYOUT_CLAIMS[layout], LAYOUT_SUMMARY[layout], ContractEvidence.runtime_guard(LAYOUT_GUARD), forward
-        ),
-        value=ContractDescriptor(
-            value_claim,
-            value_summary,
-            ContractEvidence.test_suite(
-                "verify:rng" if value_claim is ContractClaim.VALUE_SEEDED_STREAM else "verify:value"
-            ),
-            forward,
-        ),
-        vjp=ContractDescriptor(
-            ContractClaim.VJP_UNAVAILABLE if no_vjp else ContractClaim.VJP_MATCHES_REFERENCE,
-            vjp_summary,
-            ContractEvidence.not_applicable() if no_vjp else ContractEvidence.test_suite("verify:vjp"),
-            backward,
-        ),
-        numerical_policy=NumericalPolicy(reduction, policy_note or POLICY_NOTE[reduction]),
-        description=description,
-        family=family,
-    )
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -184,44 +102,14 @@ class CapsuleLibrary:
     declared_at: str = field(default_factory=_caller, compare=False)
 
 
-# -- a loaded library -----------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class Library:
-    """A library's capsules, ready for every command: where its plans, budget and own ops live."""
-
-    name: str
-    origin: str
-    """"built-in", or what was loaded: a declaration's path, an entry point."""
-    capsules: tuple[KernelCapsule, ...]
-    plan_module: Callable[[KernelCapsule], Any]
-    """The module of a capsule's plans (PLANS, and BUDGET when it declares one)."""
-    specs: dict = field(default_factory=dict)
-    """The library's own ops by name ("tinylib.squared_relu"): a function that imports its OpSpec."""
-    root: Path | None = None
-    """The folder of the declaration: what travels with a job to another machine."""
-    path: Path | None = None
-    """The declaration to load again in a worker process (None: found again by itself)."""
-
-    def plans_for(self, capsule: KernelCapsule):
-        """(forward plan, backward plan) of a capsule, or None when its plans are not written."""
-        module = self.plan_module(capsule)
-        plans = getattr(module, "PLANS", {}) if module is not None else {}
-        return plans.get(capsule.op.value.removeprefix(f"{self.name}."))
-
-    def budget_for(self, capsule: KernelCapsule):
-        """The KernelBudget declared beside the capsule's plans, or None."""
-        module = self.plan_module(capsule)
-        return getattr(module, "BUDGET", None) if module is not None else None
-
-
 _MODULE_PREFIX = "capsules_library_"
 
 
 def _package_for(folder: Path) -> str:
     """A synthetic package whose __path__ is `folder`: a declaration and its plans import as
     its modules, relative imports included, without touching sys.path."""
+    import hashlib
+
     name = _MODULE_PREFIX + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
     if name not in sys.modules:
         package = types.ModuleType(name)
@@ -282,19 +170,21 @@ def load_path(path: str | Path) -> Library:
     return library
 
 
-def load_entry_point(entry) -> Library:
-    """The library of one `capsules.libraries` entry point (a CapsuleLibrary object)."""
-    what = f"library entry point {entry.name} ({entry.value})"
+def load_entry_point(name: str, value: str) -> Library:
+    """The library of one `capsules.libraries` entry point, "module:ATTRIBUTE" of a CapsuleLibrary."""
+    what = f"library entry point {name} ({value})"
+    module_name, _, attribute = value.partition(":")
     try:
-        declared = entry.load()
+        module = importlib.import_module(module_name.strip())
+        declared = module
+        for part in attribute.strip().split("."):
+            declared = getattr(declared, part)
     except Exception as exc:  # anything the user's package raises is a broken library
         raise LibraryError(f"{what}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(declared, CapsuleLibrary):
         raise LibraryError(f"{what}: is not a CapsuleLibrary")
-    module = sys.modules[entry.module]
     folder = Path(module.__file__).resolve().parent
-    package = module.__package__ or entry.module
-    return resolve(declared, folder, package, f"entry point {entry.name}")
+    return resolve(declared, folder, module.__package__ or module_name, f"entry point {name}")
 
 
 _NAME = re.compile(r"^[A-Za-z_]\w*$")

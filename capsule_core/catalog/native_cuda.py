@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capsule_core.catalog.library import Library, kernel_capsule
+from capsule_core.catalog.kernel_capsules import Library, kernel_capsule
 from capsule_core.model import (
     BackendOp,
     ContractClaim,
