@@ -305,7 +305,8 @@ def verify(
             metavar="[TOOLS]",
             help="Also run the kernels under sanitizers on the emulator, each a check "
             "sanitize.TOOL: a comma list of memcheck, racecheck, synccheck, initcheck; "
-            "alone: all four.",
+            "alone: all four. The builds are made first, in parallel; the capsules then run one per "
+            "CPU core unless --jobs or --no-isolate says otherwise.",
         ),
     ] = None,
     sanitize_timeout: Annotated[
@@ -383,6 +384,14 @@ def verify(
             if why:
                 raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
+        from capsule_core.sanitize.engine import prebuild
+
+        if jobs is None and isolate is not False and ray is None:
+            jobs = "auto"  # a sanitize run's time is the sanitizers' runs: one capsule per core
+
+        start_build = clock.perf_counter()
+        prebuild(capsules, tools, int(jobs) if jobs and jobs.isdigit() else None)
+        typer.echo(f"sanitizer builds ready in {clock.perf_counter() - start_build:.1f} s", err=True)
     where = spread(
         chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, launch_timeout=launch_timeout
     )
