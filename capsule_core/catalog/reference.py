@@ -37,30 +37,33 @@ def vjp_magnitude(op: str, inputs: dict, cotangent, **params) -> dict:
 
 def _reference_capsule(native):
     """The CPU twin of a native capsule: the same op and contracts, computed by the OpSpec's
-    float64 code (so the planner has a real choice on a machine without a GPU)."""
-    from dataclasses import replace
+    float64 code (so the planner has a real choice on a machine without a GPU). Made with the
+    constructors, not dataclasses.replace: `capsules list` makes all 46 at start-up."""
+    from capsule_core.model import ContractDescriptor, ContractEvidence, Device, KernelCapsule, Provider
 
-    from capsule_core.model import ContractEvidence, Device, Provider
+    def cpu(d, evidence=None):
+        return ContractDescriptor(d.claim, d.summary, evidence or d.evidence)
 
-    def cpu(descriptor, evidence=None):
-        return replace(descriptor, provenance=(), evidence=evidence or descriptor.evidence)
-
-    value_evidence = ContractEvidence.test_suite("tests/test_ops_contract.py")
-    return replace(
-        native,
+    vjp_evidence = native.vjp.evidence
+    return KernelCapsule(
         name=f"{Provider.REFERENCE.value}.{native.op.value}",
+        op=native.op,
         provider=Provider.REFERENCE,
         device=Device.CPU,
+        trust_level=native.trust_level,
+        supports_forward=native.supports_forward,
+        vjp_mode=native.vjp_mode,
+        layout=native.layout,
         shape=cpu(native.shape),
         layout_contract=cpu(native.layout_contract),
-        value=cpu(native.value, value_evidence),
+        value=cpu(native.value, ContractEvidence.test_suite("tests/test_ops_contract.py")),
         vjp=cpu(
             native.vjp,
-            native.vjp.evidence
-            if not native.vjp.evidence.detail
-            else ContractEvidence.test_suite("verify:vjp.reference"),
+            vjp_evidence if not vjp_evidence.detail else ContractEvidence.test_suite("verify:vjp.reference"),
         ),
+        numerical_policy=native.numerical_policy,
         description=f"float64 numpy reference of {native.op.value} (capsule_core.ops.{native.family}).",
+        family=native.family,
     )
 
 
