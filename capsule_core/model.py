@@ -183,9 +183,9 @@ class ContractEvidence:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """How a capsule library's sources are built: every translation unit of the library (built
-    together for the emulator), include folders, -D defines and extra nvcc flags, all part of the
-    build cache key. Absolute paths; `library` names the cache entries."""
+    """How a capsule library's sources are built: its translation units (each built on its own),
+    include folders, -D defines and extra nvcc flags; the folders, defines and flags are part of
+    every build's cache key. Absolute paths; `library` names the library."""
 
     library: str
     sources: tuple[str, ...]

@@ -11,7 +11,28 @@ from capsule_core.catalog import registry
 from capsule_core.render import report
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pycuda", "hypothesis", "scipy", "numpy", "ray", "capsule_core.ops", "capsule_core.backends")
+HEAVY = (
+    "pycuda",
+    "hypothesis",
+    "scipy",
+    "numpy",
+    "ray",
+    "importlib.metadata",
+    "capsule_core.ops",
+    "capsule_core.backends",
+    "capsule_core.kernels",
+    "capsule_core.verify",
+    "capsule_core.fuzz",
+    "capsule_core.bench",
+    "capsule_core.check",
+    "capsule_core.sanitize",
+    "capsule_core.explain",
+    "capsule_core.drivers",
+    "capsule_core.catalog.library",
+)
+"""What `capsules --help` and `capsules list` never import: the engines, the kernel layer, numpy,
+the library loader (only a library that loads needs it) and importlib.metadata (entry points are
+read from entry_points.txt)."""
 
 
 def _imported_modules(*args) -> set[str]:
