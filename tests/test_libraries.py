@@ -255,3 +255,21 @@ def test_check_holds_library_kernels_to_their_declarations():
         "tinylib.squared_relu",
     }
     assert all(c["status"] == "PASSED" for c in doc["capsules"])
+
+
+def test_a_librarys_files_travel_with_a_ray_job(tmp_path):
+    pytest.importorskip("ray", reason="--ray needs the ray extra")
+    result = capsules(
+        "verify",
+        "tiny.relu",
+        "--backend",
+        "emu",
+        "--quick",
+        "--ray",
+        "local",
+        "--library",
+        str(LIBRARIES / "tiny.py"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1/1 capsules passed" in result.stdout

@@ -245,10 +245,10 @@ def short_name(capsule: KernelCapsule) -> str:
 
 
 def library_option(capsule: KernelCapsule) -> str:
-    """ " --library PATH" for a capsule whose library a --library loaded (relative to the working
-    folder when inside it), "" for any other: what a rerun line needs."""
+    """ " --library PATH" for a capsule whose library was loaded from a declaration (relative to the
+    working folder when inside it), "" for any other: what a rerun line needs."""
     library = library_of(capsule)
-    if library is None or library.path is None or str(library.path) not in _STATE.paths:
+    if library is None or library.path is None:
         return ""
     try:
         shown = library.path.relative_to(Path.cwd())

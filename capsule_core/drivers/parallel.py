@@ -595,15 +595,23 @@ _RAY_BACKENDS: dict = {}
 reused; a GPU task gets its own process, Ray's default)."""
 
 
-def _ray_task(backend: str, work, task, libraries: tuple[tuple[str, str], ...] = ()):
-    """`libraries`: (shipped module, declaration inside it) of each --library: the library's
-    folder travels as a py_module of the job and is loaded again from where it landed."""
+def _ray_task(backend: str, work, task, libraries: tuple[tuple[str, str, str], ...] = ()):
+    """`libraries`: (shipped module, declaration inside it, the driver's path of it) of each
+    --library: the library's folder travels as a py_module of the job and is loaded again from
+    where it landed; reports name the driver's path."""
     if backend not in _RAY_BACKENDS:
         import importlib
 
-        _load_libraries(
-            [str(Path(importlib.import_module(module).__path__[0]) / inside) for module, inside in libraries]
-        )
+        from capsule_core.catalog import registry
+
+        landed = {
+            str((Path(importlib.import_module(module).__path__[0]) / inside).resolve()): given
+            for module, inside, given in libraries
+        }
+        _load_libraries(list(landed))
+        for library in registry.libraries():
+            if library.path is not None and str(library.path) in landed:
+                library.path = Path(landed[str(library.path)])
         _RAY_BACKENDS[backend] = open_backend(Worker(backend))  # device 0 of the GPUs Ray gives the task
     return work(_RAY_BACKENDS[backend], task)
 
@@ -620,7 +628,7 @@ def _package():
     """capsule_core as a wheel lays it out (the CUDA sources inside, as capsule_core/_cuda), and the
     folder of each --library as a module of its own, in a temporary folder: what Ray's py_modules
     ships to every worker, from a checkout or an install. Yields (the folders to ship, (module,
-    declaration inside it) per library)."""
+    declaration inside it, its path here) per library)."""
     import shutil
     import tempfile
 
@@ -640,7 +648,7 @@ def _package():
             module = f"capsules_shipped_{library.name}"
             shutil.copytree(library.root, Path(folder) / module, ignore=ignore)
             shipped.append(str(Path(folder) / module))
-            declared.append((module, str(library.path.relative_to(library.root))))
+            declared.append((module, str(library.path.relative_to(library.root)), str(library.path)))
         yield shipped, tuple(declared)
 
 
