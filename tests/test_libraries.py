@@ -4,6 +4,7 @@ planted; examples/tinylib is the worked example of the README."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -273,3 +274,32 @@ def test_a_librarys_files_travel_with_a_ray_job(tmp_path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1/1 capsules passed" in result.stdout
+
+
+def test_racecheck_names_a_planted_inter_block_race():
+    """tests/libraries/csrc/racy.cu: thread 0 of every block writes y[0], no ordering between
+    blocks (a race a GPU's concurrent blocks make real)."""
+    from capsule_core.sanitize.engine import unavailable
+
+    why = unavailable("racecheck")
+    if why:
+        pytest.skip(why)
+    result = capsules(
+        "verify",
+        "racy.relu",
+        "--library",
+        "tests/libraries/racy.py",
+        "--sanitize",
+        "racecheck",
+        "--check",
+        "sanitize.racecheck",
+        "--backend",
+        "emu",
+        "--case",
+        "medium-0",
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("FAILED racy.relu sanitize.racecheck"))
+    assert "data race on buffer out" in line and "racy.cu:10" in line
+    blocks = re.findall(r"by block \((\d+),0,0\) thread \(0,0,0\)", line)
+    assert len(blocks) == 2 and blocks[0] != blocks[1], line
