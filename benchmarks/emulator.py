@@ -5,23 +5,23 @@ The kernels: a pointwise map (relu), a row reduction (softmax), the tiled SGEMM 
 (matmul 512^3) and a barrier-heavy scan (selective_scan). Each plan is staged once on the emu
 backend (DeviceBackend.stage: buffers allocated and uploaded) and then run again and again, so a
 sample is the plan's launches alone. A change that slows the emulator shows here, not in a timed
-test. The emulator runs the blocks of a launch on one OS thread (`threads` says so in the output).
+test. Each workload runs with the blocks of a launch on 1, 2 and all usable cores (the emulator's
+OS threads, --threads to choose); `speedup` is against 1 thread.
 
-Usage: python benchmarks/emulator.py [--repeat 3] [--json out.json]
+Usage: python benchmarks/emulator.py [--repeat 3] [--threads 1,2,16] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from capsule_core.backends.emu import EmuBackend
+from capsule_core.backends.emu import EmuBackend, usable_cpus
 from capsule_core.catalog import registry
 from capsule_core.kernels.launch import flat_buffers, plan_functions
 from capsule_core.ops import get_spec
@@ -64,6 +64,7 @@ def seconds_per_call(call, repeat: int) -> float:
 
 
 def measure(backend: EmuBackend, label: str, op: str, inputs: dict, params: dict, repeat: int) -> dict:
+    """One workload at backend.threads emulator threads."""
     spec = get_spec(op)
     capsule = registry.lookup(op)
     arrays, p, _ = validate(spec, inputs, params, np.float32)
@@ -81,6 +82,7 @@ def measure(backend: EmuBackend, label: str, op: str, inputs: dict, params: dict
     return {
         "workload": label,
         "op": op,
+        "threads": backend.threads,
         "launches": launches,
         "elements": elements,
         "emulated_s": emulated,
@@ -91,20 +93,40 @@ def measure(backend: EmuBackend, label: str, op: str, inputs: dict, params: dict
     }
 
 
+def thread_counts(text: str | None) -> list[int]:
+    cores = usable_cpus()
+    if text:
+        return [int(t) for t in text.split(",")]
+    return sorted({1, min(2, cores), cores})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per workload (median)")
+    parser.add_argument("--threads", help="comma-separated emulator thread counts (default: 1, 2 and all usable cores)")
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args()
+    counts = thread_counts(args.threads)
     backend = EmuBackend(launch_timeout=0)
-    rows = [measure(backend, label, *work, args.repeat) for label, work in WORKLOADS.items()]
-    document = {"threads": 1, "cpus": os.cpu_count(), "emulator": backend.description, "rows": rows}
-    print(f"{backend.description}; 1 emulator thread of {os.cpu_count()} CPUs; median of {args.repeat} runs")
-    print(f"{'workload':<52} {'launches/s':>11} {'elements/s':>11} {'emulated':>10} {'numpy':>10} {'x numpy':>8}")
+    rows = []
+    for label, work in WORKLOADS.items():
+        first = None
+        for threads in counts:
+            backend.threads = threads
+            row = measure(backend, label, *work, args.repeat)
+            first = first or row
+            row["speedup"] = first["emulated_s"] / row["emulated_s"]
+            rows.append(row)
+    document = {"usable_cpus": usable_cpus(), "emulator": backend.description, "rows": rows}
+    print(f"{backend.description}; {usable_cpus()} usable CPUs; median of {args.repeat} runs")
+    print(
+        f"{'workload':<52} {'threads':>7} {'launches/s':>11} {'elements/s':>11} {'emulated':>10} "
+        f"{'speedup':>8} {'numpy':>10} {'x numpy':>8}"
+    )
     for r in rows:
         print(
-            f"{r['workload']:<52} {r['launches_per_s']:11.3g} {r['elements_per_s']:11.3g} "
-            f"{r['emulated_s']:9.3f}s {r['numpy_s']:9.4f}s {r['slowdown_vs_numpy']:8.0f}"
+            f"{r['workload']:<52} {r['threads']:>7} {r['launches_per_s']:11.3g} {r['elements_per_s']:11.3g} "
+            f"{r['emulated_s']:9.3f}s {r['speedup']:7.2f}x {r['numpy_s']:9.4f}s {r['slowdown_vs_numpy']:8.0f}"
         )
     if args.json:
         with open(args.json, "w") as out:

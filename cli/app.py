@@ -27,11 +27,13 @@ from cli.options import (
 )
 from cli.parallel_options import (
     DevicesOption,
+    EmuThreadsOption,
     IsolateOption,
     JobsOption,
     LaunchTimeoutOption,
     RayOption,
     collect,
+    emu_threads_option,
     launch_timeout_option,
     spread,
 )
@@ -294,6 +296,7 @@ def verify(
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Exit 3 unless the run is on a GPU.")] = False,
     isolate: IsolateOption = None,
     launch_timeout: LaunchTimeoutOption = None,
+    emu_threads: EmuThreadsOption = None,
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop after the first capsule that fails.")] = False,
     jobs: JobsOption = None,
     devices: DevicesOption = None,
@@ -369,8 +372,9 @@ def verify(
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
     launch_timeout = launch_timeout_option(launch_timeout)
+    emu_threads = emu_threads_option(emu_threads)
     try:
-        chosen, note = resolve(backend.value, device, launch_timeout=launch_timeout)
+        chosen, note = resolve(backend.value, device, launch_timeout=launch_timeout, emu_threads=emu_threads)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     if require_gpu and chosen.name != "cuda":
@@ -393,7 +397,15 @@ def verify(
         prebuild(capsules, tools, int(jobs) if jobs and jobs.isdigit() else None)
         typer.echo(f"sanitizer builds ready in {clock.perf_counter() - start_build:.1f} s", err=True)
     where = spread(
-        chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, launch_timeout=launch_timeout
+        chosen.name,
+        jobs,
+        devices,
+        ray,
+        len(capsules),
+        isolate=isolate,
+        device=device,
+        launch_timeout=launch_timeout,
+        emu_threads=emu_threads,
     )
     if where is not None:
         from capsule_core.drivers import parallel

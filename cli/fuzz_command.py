@@ -19,11 +19,13 @@ from cli.options import (
 )
 from cli.parallel_options import (
     DevicesOption,
+    EmuThreadsOption,
     IsolateOption,
     JobsOption,
     LaunchTimeoutOption,
     RayOption,
     collect,
+    emu_threads_option,
     launch_timeout_option,
     spread,
 )
@@ -78,6 +80,7 @@ def fuzz(
     ray: RayOption = None,
     isolate: IsolateOption = None,
     launch_timeout: LaunchTimeoutOption = None,
+    emu_threads: EmuThreadsOption = None,
     library: LibraryOption = None,
 ):
     """Search for contract violations with Hypothesis: shapes, parameters and values, invalid inputs included.
@@ -130,6 +133,7 @@ def fuzz(
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
     launch_timeout = launch_timeout_option(launch_timeout)
+    emu_threads = emu_threads_option(emu_threads)
 
     from capsule_core.backends.select import resolve
     from capsule_core.fuzz import engine
@@ -142,11 +146,20 @@ def fuzz(
         except (engine.ReplayFileError, UnknownNameError) as exc:
             raise fail(str(exc), EXIT_USAGE)
     try:
-        chosen, note = resolve(backend.value, launch_timeout=launch_timeout)
+        chosen, note = resolve(backend.value, launch_timeout=launch_timeout, emu_threads=emu_threads)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     typer.echo(note, err=True)
-    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, launch_timeout=launch_timeout)
+    where = spread(
+        chosen.name,
+        jobs,
+        devices,
+        ray,
+        len(capsules),
+        isolate=isolate,
+        launch_timeout=launch_timeout,
+        emu_threads=emu_threads,
+    )
     from capsule_core.drivers import parallel
 
     if where is not None:

@@ -58,6 +58,26 @@ def launch_timeout_option(seconds: Optional[float]) -> Optional[float]:
     return seconds
 
 
+EmuThreadsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--emu-threads",
+        metavar="N",
+        help="On emu: OS threads that run the blocks of a launch (default CAPSULES_EMU_THREADS, else every usable core, "
+        "shared among --jobs workers; 1: one block after another).",
+    ),
+]
+
+
+def emu_threads_option(threads: Optional[int]) -> Optional[int]:
+    """--emu-threads checked (a whole number >= 1); exit 2 naming the rule."""
+    from cli.common import EXIT_USAGE, fail
+
+    if threads is not None and threads < 1:
+        raise fail(f"--emu-threads: must be >= 1 (1: blocks one after another), got {threads}", EXIT_USAGE)
+    return threads
+
+
 def spread(
     backend: str,
     jobs: Optional[str],
@@ -68,6 +88,7 @@ def spread(
     isolate: Optional[bool] = None,
     device: int = 0,
     launch_timeout: Optional[float] = None,
+    emu_threads: Optional[int] = None,
 ):
     """Where the options put the capsules: local workers, a Ray cluster, or None (here, one after
     another). Without --jobs or --ray, the kernels of emu and cuda run contained in one worker
@@ -92,11 +113,11 @@ def spread(
             if devices is not None:
                 raise parallel.OptionError("--devices: pins the workers of --jobs to GPUs; give --jobs too")
             if isolate:  # a fresh worker per capsule, on any backend
-                return (parallel.Worker(backend, device, launch_timeout),)
+                return (parallel.Worker(backend, device, launch_timeout, emu_threads),)
             if isolate is False:
                 return None
-            return parallel.contained(backend, device, launch_timeout) or None  # () on numpy: here
-        return parallel.local_workers(backend, jobs, devices, capsules, launch_timeout)
+            return parallel.contained(backend, device, launch_timeout, emu_threads) or None  # () on numpy: here
+        return parallel.local_workers(backend, jobs, devices, capsules, launch_timeout, emu_threads)
     except parallel.OptionError as exc:
         raise fail(str(exc), EXIT_USAGE)
     except EnvironmentMissing as exc:

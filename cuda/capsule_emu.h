@@ -6,8 +6,19 @@
 // _rn roundings are single correctly rounded operations, the compiler contracts nothing:
 // -ffp-contract=off). Host libm stands in for CUDA's.
 //
-// Every CUDA thread of a block is a fiber on one OS thread, run round-robin; blocks run one after
-// another over the whole grid, as planned. __syncthreads is a barrier of the block and a warp
+// Every CUDA thread of a block is a fiber on one OS thread, run round-robin. The blocks of a launch
+// run on a pool of OS threads (capsule_emu_set_threads; 1: one after another on the launching
+// thread): each OS thread takes the next block of the launch's schedule, runs it to completion on
+// its own fibers, with its own copy of the block's shared memory, static and dynamic, then takes
+// the next, so blocks run concurrently and in no promised order, as on a GPU. Global memory is the
+// one address space of the process, and atomics are the host's atomic operations. What the
+// emulator promises about scheduling: the threads of a block run in the schedule's order
+// (capsule_emu_set_order) and switch only at barriers and shuffles; blocks are claimed in the
+// schedule's order but run at once; a kernel whose blocks write disjoint memory gives the same bits
+// with any number of OS threads; the error of a failed launch is that of the first failing block
+// in the schedule, whatever ran beside it. Sanitizer builds run a launch on one OS thread (the
+// runtimes follow the fibers of one thread); racecheck orders no block after another, so a race
+// between blocks is a finding there too. __syncthreads is a barrier of the block and a warp
 // shuffle a barrier of the warp (32 consecutive linear thread indices); arrivals at one barrier
 // must come from one source line. Strict where a GPU is:
 // - a barrier or shuffle reached by part of a block or warp (or from different lines) is reported
@@ -44,6 +55,13 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <atomic>
+#include <mutex>
+#if !defined(CAPSULE_EMU_SANITIZE)
+#include <condition_variable>
+#include <pthread.h>
+#include <thread>
+#endif
 
 #if defined(CAPSULE_EMU_SANITIZE) || !defined(__x86_64__)
 #define CAPSULE_EMU_UCONTEXT 1
@@ -71,8 +89,15 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // Static shared variables: function-scope statics, gathered by capsule_emu.ld into one section so
-// that each block starts with all of them filled.
+// that each block starts with all of them filled. Thread-local, so that every OS thread running
+// blocks has a copy of its own (a GPU block has its own shared memory); sanitizer builds, whose
+// launches run on one OS thread, keep them plain statics (racecheck maps fresh pages for each
+// block).
+#if defined(CAPSULE_EMU_SANITIZE)
 #define __shared__ static __attribute__((aligned(16)))
+#else
+#define __shared__ static thread_local __attribute__((aligned(16)))
+#endif
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -245,6 +270,14 @@ capsule_emu_switch:
 
 extern "C" char __start_capsule_emu_shared[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_capsule_emu_shared[] __attribute__((weak, visibility("hidden")));
+#if !defined(CAPSULE_EMU_SANITIZE)
+// The bounds of this OS thread's copy of the thread-local shared variables: capsule_emu.ld puts
+// these two around them (each translation unit, so each family library, has its own pair).
+// Initialised, so that the section they bound holds data (zeros) in the TLS image: a section of
+// zero-fill alone would be laid over the emulator's own thread-locals by the linker.
+static thread_local char capsule_emu_shared_begin __attribute__((section(".tdata.capsule_emu_shared_0"), aligned(16))) = 1;
+static thread_local char capsule_emu_shared_end __attribute__((section(".tdata.capsule_emu_shared_2"), aligned(16))) = 1;
+#endif
 
 namespace capsule_emu {
 
@@ -287,6 +320,37 @@ struct Warp {
     uint64_t exchange[32];
 };
 
+// What every block of one launch shares: the kernel and its configuration, the schedule, the
+// claim counter, and the first failure in the schedule's order (copied from the state of the OS
+// thread that ran the failing block).
+struct Launch {
+    const char* kernel = "";
+    dim3 grid_dim, block_dim;
+    unsigned dynamic_bytes = 0;
+    void (*body)(const void*) = nullptr;
+    const void* body_data = nullptr;
+    int order = 0;
+    uint64_t order_seed = 0;
+    double timeout_seconds = 0;
+    uint64_t total = 0;
+    std::vector<unsigned> blocks;  // the schedule's order of linear block indices (empty: index order)
+    std::atomic<uint64_t> next{0}, done{0};
+    std::atomic<bool> stop{false};
+    std::mutex failure_lock;
+    uint64_t failed_at = UINT64_MAX;  // the failing block's place in the schedule
+    std::string error;
+    int fault_signal = 0, fault_code = 0, fault_access = 0, timed_out = 0;
+    const void* fault_address = nullptr;
+    const void* fault_pc = nullptr;
+
+    dim3 block_at(uint64_t i) const {
+        const uint64_t b = blocks.empty() ? i : blocks[i];
+        return dim3{unsigned(b % grid_dim.x), unsigned((b / grid_dim.x) % grid_dim.y), unsigned(b / (uint64_t(grid_dim.x) * grid_dim.y))};
+    }
+};
+
+// The emulator's state on one OS thread: the block it runs, its fibers, and what a launch asked
+// for (the settings are read from the launching thread's state).
 struct State {
 #if defined(CAPSULE_EMU_UCONTEXT)
     ucontext_t scheduler;
@@ -319,7 +383,7 @@ struct State {
     const void* fault_pc = nullptr;
     double timeout_seconds = 0;  // the watchdog of a launch (0: none), capsule_emu_set_launch_timeout
     volatile int timed_out = 0;
-    unsigned long blocks_done = 0;
+    Launch* launch = nullptr;  // the launch whose blocks this thread runs
     // The schedule of the next launch (capsule_emu_set_order; back to 0 after it): 0 blocks and
     // threads in index order, 1 reversed, 2 shuffled by `order_seed`. A GPU promises no order; a
     // result that depends on it (a float atomicAdd sum) changes bits between two schedules.
@@ -327,7 +391,7 @@ struct State {
     uint64_t order_seed = 0;
 };
 
-inline State state;
+inline thread_local State state;
 
 inline std::string dims(dim3 d) {
     return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
@@ -422,7 +486,7 @@ struct GuardedStacks {
         return base && a >= base && a < base + count * stride() && size_t(a - base) % stride() < guard;
     }
 };
-inline GuardedStacks guarded_stacks;
+inline thread_local GuardedStacks guarded_stacks;
 
 // A hardware fault in kernel code ends the launch as __trap does: the handler runs on a signal
 // stack of its own (the faulting fiber's may be the cause) and leaves it for the scheduler, never
@@ -517,10 +581,12 @@ constexpr size_t kSignalStackBytes = 64 * 1024;
 
 // Installs on_fault, and its signal stack, for the life of a launch; the host's (Python's
 // faulthandler has one) come back after.
+inline thread_local std::vector<char> signal_stack;
+
 struct FaultHandlers {
     stack_t saved_stack{};
     FaultHandlers() {
-        static thread_local std::vector<char> signal_stack(kSignalStackBytes);
+        signal_stack.resize(kSignalStackBytes);
         stack_t own{};
         own.ss_sp = signal_stack.data();
         own.ss_size = signal_stack.size();
@@ -694,7 +760,8 @@ inline void* initial_stack(char* stack) {
 #endif
 
 // Unchecked by memcheck: the section holds AddressSanitizer's red zones between the variables.
-__attribute__((no_sanitize("address"))) CAPSULE_EMU_INTERNAL inline void fill_shared() {
+// Static: each translation unit fills its own shared variables.
+__attribute__((no_sanitize("address"))) CAPSULE_EMU_INTERNAL static inline void fill_shared() {
 #if defined(CAPSULE_EMU_VALGRIND)
     // initcheck: shared memory is undefined at the start of every block, as far as valgrind knows.
     if (__start_capsule_emu_shared && __stop_capsule_emu_shared)
@@ -702,9 +769,13 @@ __attribute__((no_sanitize("address"))) CAPSULE_EMU_INTERNAL inline void fill_sh
     VALGRIND_MAKE_MEM_UNDEFINED(state.dynamic_shared.data(), state.dynamic_shared.size());
     return;
 #endif
+#if defined(CAPSULE_EMU_SANITIZE)
     if (__start_capsule_emu_shared && __stop_capsule_emu_shared) {
         for (char* p = __start_capsule_emu_shared; p + 4 <= __stop_capsule_emu_shared; p += 4) std::memcpy(p, &kSharedFill, 4);
     }
+#else
+    for (char* p = &capsule_emu_shared_begin; p + 4 <= &capsule_emu_shared_end; p += 4) std::memcpy(p, &kSharedFill, 4);
+#endif
     for (size_t i = 0; i + 4 <= state.dynamic_shared.size(); i += 4) std::memcpy(&state.dynamic_shared[i], &kSharedFill, 4);
 }
 
@@ -750,13 +821,16 @@ CAPSULE_EMU_INTERNAL inline std::string timeout_report(const Fiber* interrupted)
             running.push_back(f.linear);
         }
     }
-    const unsigned long total = static_cast<unsigned long>(state.grid_dim.x) * state.grid_dim.y * state.grid_dim.z;
+    const Launch& l = *state.launch;
+    const uint64_t claimed = std::min(l.next.load(), l.total), finished = l.done.load();
+    const uint64_t beside = claimed - finished - 1;  // other blocks running on other OS threads
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", state.timeout_seconds);
     std::string s = std::string(state.kernel) + " did not finish in " + seconds + " s (the launch timeout): block " +
                     dims(state.block_index) + " of grid " + dims(state.grid_dim) + " was running (" +
-                    std::to_string(state.blocks_done) + " of " + std::to_string(total) + " blocks finished, " +
-                    std::to_string(total - state.blocks_done - 1) + " not started); threads " + ranges(running) +
+                    std::to_string(finished) + " of " + std::to_string(l.total) + " blocks finished, " +
+                    (beside ? std::to_string(beside) + " others running, " : std::string()) +
+                    std::to_string(l.total - claimed) + " not started); threads " + ranges(running) +
                     " still running in the kernel's code (a loop that never ends, or a spin on a flag no thread of "
                     "this block sets)";
     for (const auto& [barrier, threads] : waiting)
@@ -898,55 +972,170 @@ void call_body(const void* data) {
     (*static_cast<const F*>(data))();
 }
 
+// This OS thread's part of launch l: it claims blocks in the schedule's order until none is left
+// or a block has failed (here or on another thread), and records a failure for the launch (the
+// first in the schedule wins, so the error does not depend on which threads ran beside it).
+CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
+    state.launch = &l;
+    state.kernel = l.kernel;
+    state.grid_dim = l.grid_dim;
+    state.block_dim = l.block_dim;
+    state.dynamic_bytes = l.dynamic_bytes;
+    state.body = l.body;
+    state.body_data = l.body_data;
+    state.order = l.order;
+    state.order_seed = l.order_seed;
+    state.timeout_seconds = l.timeout_seconds;
+    state.error.clear();
+    state.aborted = false;
+    state.fault_signal = state.fault_code = state.fault_access = 0;
+    state.fault_address = state.fault_pc = nullptr;
+    state.dynamic_shared.assign((l.dynamic_bytes + 15) / 16 * 16 + 16, 0);
+#if defined(CAPSULE_EMU_TSAN)
+    state.host_fiber = __tsan_get_current_fiber();
+#endif
+#if !defined(CAPSULE_EMU_SANITIZE)
+    Watchdog watchdog(l.timeout_seconds);
+#endif
+    const unsigned n = l.block_dim.x * l.block_dim.y * l.block_dim.z;
+    while (!l.stop.load(std::memory_order_relaxed)) {
+        const uint64_t i = l.next.fetch_add(1);
+        if (i >= l.total) break;
+        state.block_index = l.block_at(i);
+        if (run_block(n)) {
+            l.done.fetch_add(1);
+            continue;
+        }
+        std::lock_guard<std::mutex> guard(l.failure_lock);
+        if (i < l.failed_at) {
+            l.failed_at = i;
+            l.error = state.error;
+            l.fault_signal = state.fault_signal, l.fault_code = state.fault_code, l.fault_access = state.fault_access;
+            l.fault_address = state.fault_address, l.fault_pc = state.fault_pc;
+            l.timed_out = state.timed_out;
+        }
+        l.stop = true;
+        break;
+    }
+    state.launch = nullptr;
+}
+
+#if !defined(CAPSULE_EMU_SANITIZE)
+// How many OS threads run the blocks of a launch (capsule_emu_set_threads; the launching thread is
+// one of them).
+inline std::atomic<unsigned> threads_wanted{1};
+
+// The OS threads that run blocks beside the launching one, kept across launches. They take no
+// asynchronous signal (the host's SIGINT and SIGTERM go to its own threads), only the faults of
+// their kernel threads and their watchdogs' SIGVTALRM, on a signal stack of their own.
+struct Pool {
+    std::mutex lock;
+    std::condition_variable wake, finished;
+    unsigned started = 0;
+    unsigned long generation = 0;  // one per launch handed out
+    Launch* job = nullptr;
+    unsigned helpers = 0;  // how many of the threads take part in the current launch
+    unsigned running = 0;  // of those, how many have not finished their part
+    pid_t owner = getpid();
+
+    void serve(unsigned index) {
+        std::vector<char> own_stack(kSignalStackBytes);
+        stack_t alternate{};
+        alternate.ss_sp = own_stack.data();
+        alternate.ss_size = own_stack.size();
+        sigaltstack(&alternate, nullptr);
+        sigset_t wanted;
+        sigemptyset(&wanted);
+        for (int signo : kFaultSignals) sigaddset(&wanted, signo);
+        sigaddset(&wanted, SIGVTALRM);
+        pthread_sigmask(SIG_UNBLOCK, &wanted, nullptr);
+        unsigned long seen = 0;
+        for (;;) {
+            Launch* l;
+            {
+                std::unique_lock<std::mutex> hold(lock);
+                wake.wait(hold, [&] { return generation != seen; });
+                seen = generation;
+                if (index >= helpers) continue;
+                l = job;
+            }
+            launching = true;
+            run_blocks(*l);
+            launching = false;
+            std::lock_guard<std::mutex> hold(lock);
+            if (--running == 0) finished.notify_all();
+        }
+    }
+
+    // Runs launch l on the calling thread and `count` pool threads, and returns when all are done.
+    void run(Launch& l, unsigned count) {
+        {
+            std::lock_guard<std::mutex> hold(lock);
+            if (started < count) {
+                sigset_t all, saved;
+                sigfillset(&all);
+                pthread_sigmask(SIG_BLOCK, &all, &saved);
+                for (; started < count; ++started) std::thread([this, index = started] { serve(index); }).detach();
+                pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+            }
+            job = &l;
+            helpers = running = count;
+            ++generation;
+        }
+        wake.notify_all();
+        run_blocks(l);
+        std::unique_lock<std::mutex> hold(lock);
+        finished.wait(hold, [&] { return running == 0; });
+        job = nullptr;
+    }
+};
+
+// The pool of this process (a forked child has none of its parent's threads: it starts another).
+inline Pool& pool() {
+    static Pool* current = new Pool;
+    if (current->owner != getpid()) current = new Pool;
+    return *current;
+}
+#endif
+
 // Runs kernel(args...) over grid x block with `shared` bytes of dynamic shared memory; false with
 // state.error set when a barrier diverged, a thread trapped or an access was misaligned.
 template <class... P, class... A>
 bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*kernel)(P...), A... args) {
     Unobserved quiet;
-    state.kernel = name;
-    state.error.clear();
-    state.aborted = false;
-#if !defined(CAPSULE_EMU_SANITIZE)
-    state.fault_signal = state.fault_code = state.fault_access = 0;
-    state.fault_address = state.fault_pc = nullptr;
-    FaultHandlers faults;
-    Watchdog watchdog(state.timeout_seconds);
-#endif
-    state.blocks_done = 0;
-    state.grid_dim = grid;
-    state.block_dim = block;
-    state.dynamic_bytes = shared;
-    state.dynamic_shared.assign((shared + 15) / 16 * 16 + 16, 0);
+    Launch l;
+    l.kernel = name;
+    l.grid_dim = grid;
+    l.block_dim = block;
+    l.dynamic_bytes = shared;
+    l.order = state.order;
+    l.order_seed = state.order_seed;
+    l.timeout_seconds = state.timeout_seconds;
     auto body = [&]() { kernel(static_cast<P>(args)...); };
-    state.body = &call_body<decltype(body)>;
-    state.body_data = &body;
-#if defined(CAPSULE_EMU_TSAN)
-    state.host_fiber = __tsan_get_current_fiber();
+    l.body = &call_body<decltype(body)>;
+    l.body_data = &body;
+    l.total = uint64_t(grid.x) * grid.y * grid.z;
+    if (l.order != 0 && l.total <= (uint64_t(1) << 26)) l.blocks = schedule(static_cast<unsigned>(l.total), 0);  // a huge grid is not shuffled
+#if defined(CAPSULE_EMU_SANITIZE)
+    run_blocks(l);
+#else
+    FaultHandlers faults;
+    const unsigned threads = static_cast<unsigned>(std::min<uint64_t>(threads_wanted.load(), l.total));
+    if (threads > 1) pool().run(l, threads - 1);
+    else run_blocks(l);
 #endif
-    const unsigned n = block.x * block.y * block.z;
-    bool ok = true;
-    const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
-    if (state.order == 0 || blocks > (uint64_t(1) << 26)) {  // index order (a huge grid is not shuffled)
-        for (unsigned bz = 0; bz < grid.z && ok; ++bz)
-            for (unsigned by = 0; by < grid.y && ok; ++by)
-                for (unsigned bx = 0; bx < grid.x && ok; ++bx) {
-                    state.block_index = dim3{bx, by, bz};
-                    ok = run_block(n);
-                    state.blocks_done += ok;
-                }
-    } else {
-        for (unsigned b : schedule(static_cast<unsigned>(blocks), 0)) {
-            state.block_index = dim3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)};
-            ok = run_block(n);
-            state.blocks_done += ok;
-            if (!ok) break;
-        }
-    }
+    // The launch's result, as the launching thread's state (capsule_emu_error and the fault read it).
+    state.kernel = name;
+    state.error = l.error;
+    state.fault_signal = l.fault_signal, state.fault_code = l.fault_code, state.fault_access = l.fault_access;
+    state.fault_address = l.fault_address, state.fault_pc = l.fault_pc;
+    state.timed_out = l.timed_out;
+    state.current = nullptr;
     state.order = 0;  // the state is shared by every family library loaded: no schedule outlives its launch
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_end);
 #endif
-    return ok;
+    return l.failed_at == UINT64_MAX;
 }
 
 }  // namespace capsule_emu

@@ -10,7 +10,10 @@
 //                               64-bit word in decimal (a scalar, as capsule_emu_run reads it)
 //   memset bID+OFFSET WORD N    N 32-bit words at the address set to WORD (a plan's Memset step)
 //   copy bID+OFFSET bID+OFFSET BYTES   BYTES from the second address to the first (a Copy step)
-//   dump ID FILE                write the buffer's bytes to FILE
+//   dump ID FILE|-              write the buffer's bytes to FILE ("-": nowhere; under valgrind
+//                               the bytes are still checked to be defined)
+//   free ID                     release the buffer (a batch of cases frees each case's buffers)
+//   case TEXT                   "capsule-emu: case TEXT" on stderr: the case the lines after it run
 // stderr gets "capsule-emu: buffer ID ADDRESS BYTES" per allocation (to name buffers in reports)
 // and "capsule-emu: error: ..." when a launch fails; the exit code is then 3. A sanitizer's death
 // callback adds "capsule-emu: in KERNEL block (..) thread (..)" before the process ends.
@@ -119,9 +122,21 @@ inline int run(const char* script_path) {
             // Names the first byte no kernel wrote (valgrind reports the block and offset).
             if (VALGRIND_CHECK_MEM_IS_DEFINED(b.data, b.bytes) != 0) return fail("buffer " + std::to_string(id) + " holds bytes no one wrote");
 #endif
+            if (file == "-") continue;
             std::FILE* out = std::fopen(file.c_str(), "wb");
             if (!out || std::fwrite(b.data, 1, b.bytes, out) != b.bytes || std::fclose(out) != 0)
                 return fail("cannot write " + file);
+        } else if (command == "free") {
+            long id;
+            in >> id;
+            auto found = buffers.find(id);
+            if (found == buffers.end()) return fail("free of unknown buffer " + std::to_string(id));
+            std::free(found->second.data);
+            buffers.erase(found);
+        } else if (command == "case") {
+            std::string text;
+            std::getline(in >> std::ws, text);
+            std::fprintf(stderr, "capsule-emu: case %s\n", text.c_str());
         } else if (!command.empty()) {
             return fail("unknown command " + command);
         }

@@ -287,7 +287,7 @@ struct Queue {
     uint32_t group;  // the group being filled; older ones are committed
 };
 
-inline Queue queues[kThreads];
+inline thread_local Queue queues[kThreads];  // per OS thread: the emulator runs blocks on several
 
 CAPSULE_EMU_INTERNAL inline Queue& mine() {
     const dim3 t = capsule_emu::thread_idx(), d = capsule_emu::block_dim();

@@ -281,6 +281,13 @@ class DeviceBackend:
         for address in allocations:
             self.free(address)
 
+    def recompute_forward(self, capsule, plan, arrays: dict, out_shape) -> tuple[np.ndarray, dict]:
+        """The forward output that a backward plan reads, run again on this device, and the
+        overruns of that run."""
+        y = GuardedOutput(out_shape)
+        recomputed = self.execute(capsule, plan, flat_buffers(arrays), {"out": y})
+        return y.view.copy(), recomputed.overruns
+
     def forward(self, spec, inputs, params, out: GuardedOutput) -> BackendRun:
         from capsule_core.ops.base import validate
 
@@ -302,10 +309,8 @@ class DeviceBackend:
         plan = backward_plan(arrays, p)
         overruns = {}
         if any(b.name == "out" and b.role == "input" for b in plan.buffers):
-            y = GuardedOutput(out_shape)
-            recomputed = self.execute(capsule, forward_plan(arrays, p), flat_buffers(arrays), {"out": y})
-            host["out"] = y.view.copy()
-            overruns = {f"{name} (forward recomputed)": n for name, n in recomputed.overruns.items()}
+            host["out"], recomputed = self.recompute_forward(capsule, forward_plan(arrays, p), arrays, out_shape)
+            overruns = {f"{name} (forward recomputed)": n for name, n in recomputed.items()}
         executed = self.execute(capsule, plan, host, flat_buffers(grads, "d"))
         result = _unflatten(executed.inputs_after, inputs)
         result["g"] = executed.inputs_after.get("g", host["g"])

@@ -153,6 +153,9 @@ def dispatch_source(source: Path, refs) -> str:
         'extern "C" void capsule_emu_set_order(int order, uint64_t seed) {',
         "    capsule_emu::state.order = order, capsule_emu::state.order_seed = seed;",
         "}",
+        "#if !defined(CAPSULE_EMU_SANITIZE)",
+        'extern "C" void capsule_emu_set_threads(unsigned threads) { capsule_emu::threads_wanted = threads ? threads : 1; }',
+        "#endif",
         "",
     ]
     return "\n".join(lines)
@@ -295,6 +298,8 @@ def load_unit(source: Path, build=None, refs: tuple | None = None) -> ctypes.CDL
     lib.capsule_emu_timed_out.restype = ctypes.c_int
     lib.capsule_emu_set_order.restype = None
     lib.capsule_emu_set_order.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    lib.capsule_emu_set_threads.restype = None
+    lib.capsule_emu_set_threads.argtypes = [ctypes.c_uint]
     return lib
 
 
@@ -358,6 +363,30 @@ DEFAULT_LAUNCH_TIMEOUT = 120.0
 verify (a 1024-cubed GEMM's backward) takes under 10 s on one core."""
 
 
+EMU_THREADS_ENV = "CAPSULES_EMU_THREADS"
+
+
+def usable_cpus() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def emu_threads_from_env() -> int | None:
+    """CAPSULES_EMU_THREADS (OS threads running a launch's blocks; 1: one block after another),
+    None when unset; a bad value is a usage error."""
+    text = os.environ.get(EMU_THREADS_ENV)
+    if text is None or not text.strip():
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise CapsuleError(
+            f"{EMU_THREADS_ENV}: must be a whole number of threads >= 1 (1: blocks one after another), got {text!r}"
+        )
+    return int(text)
+
+
 def launch_timeout_from_env() -> float:
     """CAPSULES_LAUNCH_TIMEOUT (seconds; 0: no watchdog), else the default; a bad value is a usage error."""
     text = os.environ.get(LAUNCH_TIMEOUT_ENV)
@@ -379,10 +408,21 @@ class EmuBackend(DeviceBackend):
 
     name = "emu"
 
-    def __init__(self, family_dir: Path | None = None, refs: tuple | None = None, launch_timeout: float | None = None):
+    def __init__(
+        self,
+        family_dir: Path | None = None,
+        refs: tuple | None = None,
+        launch_timeout: float | None = None,
+        threads: int | None = None,
+    ):
         """`family_dir` and `refs`: kernels of another folder (build_family), for planted defects.
-        `launch_timeout`: seconds a launch may run (0: no watchdog; default CAPSULES_LAUNCH_TIMEOUT or 120)."""
+        `launch_timeout`: seconds a launch may run (0: no watchdog; default CAPSULES_LAUNCH_TIMEOUT or 120).
+        `threads`: OS threads that run a launch's blocks (default CAPSULES_EMU_THREADS, else one
+        per usable core; 1: one block after another)."""
         super().__init__()
+        if threads is not None and int(threads) < 1:
+            raise CapsuleError(f"--emu-threads: must be >= 1 (1: blocks one after another), got {threads}")
+        self.threads = int(threads) if threads is not None else (emu_threads_from_env() or usable_cpus())
         self.family_dir, self.refs = family_dir, refs
         self.compiler = find_host_compiler()
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
@@ -427,6 +467,7 @@ class EmuBackend(DeviceBackend):
         lib = load_unit(source, ref.build, self.refs if self.refs is not None else unit_refs(unit_source(ref)))
         lib.capsule_emu_set_launch_timeout(ctypes.c_double(self.launch_timeout))
         lib.capsule_emu_set_order(SCHEDULES.index(self.order), self.order_seed)
+        lib.capsule_emu_set_threads(self.threads)
         dims = (ctypes.c_uint * 7)(*grid, *block, int(shared_bytes))
         words = argument_words(args)
         status = lib.capsule_emu_run(ref.symbol.encode(), dims, words.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))

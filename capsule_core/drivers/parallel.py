@@ -50,11 +50,13 @@ class OptionError(CapsuleError):
 @dataclass(frozen=True)
 class Worker:
     """One local worker process: the backend it opens, on cuda the device it is pinned to, and on
-    emu the launch timeout of its emulator (None: CAPSULES_LAUNCH_TIMEOUT or the default)."""
+    emu the launch timeout of its emulator (None: CAPSULES_LAUNCH_TIMEOUT or the default) and the
+    OS threads that run a launch's blocks (None: CAPSULES_EMU_THREADS, else every usable core)."""
 
     backend: str
     device: int = 0
     launch_timeout: float | None = None
+    emu_threads: int | None = None
 
 
 CONTAINED_BACKENDS = ("emu", "cuda")
@@ -68,10 +70,12 @@ many seconds more (the emulator's watchdog normally ends the launch first; this 
 that blocks the watchdog's signal, or waits in a system call)."""
 
 
-def contained(backend: str, device: int = 0, launch_timeout: float | None = None) -> tuple[Worker, ...]:
+def contained(
+    backend: str, device: int = 0, launch_timeout: float | None = None, emu_threads: int | None = None
+) -> tuple[Worker, ...]:
     """The default of verify, fuzz and the plugin on `backend`: one worker process, replaced
     after a death; () where the kernels run in-process (numpy: nothing to contain)."""
-    return (Worker(backend, device, launch_timeout),) if backend in CONTAINED_BACKENDS else ()
+    return (Worker(backend, device, launch_timeout, emu_threads),) if backend in CONTAINED_BACKENDS else ()
 
 
 @dataclass(frozen=True)
@@ -146,17 +150,29 @@ def parse_devices(text: str, available: int) -> tuple[int, ...]:
 
 
 def local_workers(
-    backend: str, jobs: str, devices: str | None, capsules: int, launch_timeout: float | None = None
+    backend: str,
+    jobs: str,
+    devices: str | None,
+    capsules: int,
+    launch_timeout: float | None = None,
+    emu_threads: int | None = None,
 ) -> tuple[Worker, ...]:
     """The worker processes of `--jobs jobs [--devices devices]` on `backend` for `capsules`
     capsules. auto: one per usable CPU core (emu, numpy) or one per GPU of `devices` (cuda, default
-    all); N workers on cuda take the devices in turn. Never more workers than capsules."""
+    all); N workers on cuda take the devices in turn. Never more workers than capsules. On emu,
+    unless --emu-threads or CAPSULES_EMU_THREADS says otherwise, the workers share the cores: each
+    emulator runs a launch's blocks on cores / workers OS threads."""
     count = parse_jobs(jobs)
     if backend != "cuda":
         if devices is not None:
             raise OptionError(f"--devices: pins cuda workers to GPUs; this run is on the {backend} backend")
-        count = count or usable_cores()
-        return tuple(Worker(backend, 0, launch_timeout) for _ in range(max(1, min(count, capsules))))
+        count = max(1, min(count or usable_cores(), capsules))
+        if backend == "emu" and emu_threads is None:
+            from capsule_core.backends.emu import emu_threads_from_env
+
+            if emu_threads_from_env() is None:
+                emu_threads = max(1, usable_cores() // count)
+        return tuple(Worker(backend, 0, launch_timeout, emu_threads) for _ in range(count))
     from capsule_core.backends import cuda
 
     chosen = parse_devices(devices or "all", len(cuda.probe().devices))
@@ -398,7 +414,9 @@ def merge_database(folder: Path, entries: dict[str, bytes]) -> None:
 def open_backend(worker: Worker):
     from capsule_core.backends.select import resolve
 
-    return resolve(worker.backend, worker.device, launch_timeout=worker.launch_timeout)[0]
+    return resolve(worker.backend, worker.device, launch_timeout=worker.launch_timeout, emu_threads=worker.emu_threads)[
+        0
+    ]
 
 
 def _serve(connection, worker: Worker, work, breadcrumbs=None, libraries: tuple[str, ...] = ()) -> None:

@@ -118,8 +118,10 @@ class Finding:
 
 
 class SanitizerFinding(CapsuleError):
-    def __init__(self, finding: Finding):
+    def __init__(self, finding: Finding, case: str | None = None):
         self.finding = finding
+        self.case = case
+        """In a batch, the case (SanitizedBackend.begin_case) whose run the finding came from."""
         super().__init__(finding.summary)
 
 
@@ -194,15 +196,23 @@ def is_divergence(message: str) -> bool:
     return " reached by " in message or "(a divergent barrier)" in message
 
 
-def backend_for(tool: str, family_dir: Path | None = None, refs: tuple | None = None):
-    """The backend that runs kernels under `tool` (`family_dir`, `refs`: see build_family)."""
+def backend_for(tool: str, family_dir: Path | None = None, refs: tuple | None = None, batch: bool = False):
+    """The backend that runs kernels under `tool` (`family_dir`, `refs`: see build_family;
+    `batch`: see SanitizedBackend)."""
     if tool == "synccheck":
         return SynccheckBackend(family_dir, refs)
-    return SanitizedBackend(tool, family_dir, refs)
+    return SanitizedBackend(tool, family_dir, refs, batch)
 
 
 class SynccheckBackend(EmuBackend):
-    """The emu backend, its divergence reports raised as synccheck findings."""
+    """The emu backend, its divergence reports raised as synccheck findings (at once: it has no
+    batch to flush)."""
+
+    def begin_case(self, label: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
     def launch(self, ref, grid, block, shared_bytes, args):
         try:
@@ -215,12 +225,23 @@ class SynccheckBackend(EmuBackend):
 
 class SanitizedBackend(DeviceBackend):
     """The emulator under one sanitizer: device calls recorded, replayed by the family's runner in
-    a child process at synchronize, results read back from its dumps."""
+    a child process at synchronize, results read back from its dumps.
+
+    `batch`: every case recorded into one script, run by one child process at flush() (a sanitizer
+    process's start, valgrind's above all, costs more than a quick case's kernels). Results are
+    not read back (downloads give the uploaded bytes or zeros): a sanitizer check judges the runs,
+    not their values. A finding names its case (begin_case). A backward's recomputed forward comes
+    from the emulator in this process: the forward itself runs under the tool as its own case."""
 
     guard_bands = False
 
-    def __init__(self, tool: str, family_dir: Path | None = None, refs=None):
+    def __init__(self, tool: str, family_dir: Path | None = None, refs=None, batch: bool = False):
         super().__init__()
+        self.batch = batch
+        self._script: list[str] = []
+        self._emitted: set[int] = set()
+        self._work: tempfile.TemporaryDirectory | None = None
+        self._emulator: EmuBackend | None = None
         self.family_dir, self.refs = family_dir, refs
         if tool not in TOOL_FLAGS:
             raise ValueError(f"no sanitized build for {tool!r} (builds: {', '.join(TOOL_FLAGS)})")
@@ -245,8 +266,25 @@ class SanitizedBackend(DeviceBackend):
         return ident * self._SPAN
 
     def free(self, address: int):
-        self._buffers.pop(address // self._SPAN, None)
-        self._results.pop(address // self._SPAN, None)
+        ident = address // self._SPAN
+        self._buffers.pop(ident, None)
+        self._results.pop(ident, None)
+        if ident in self._emitted:
+            self._emitted.discard(ident)
+            self._script.append(f"free {ident}")
+
+    def begin_case(self, label: str) -> None:
+        """In a batch: the runs recorded from now on belong to case `label`."""
+        if self.batch:
+            self._script.append(f"case {label}")
+
+    def recompute_forward(self, capsule, plan, arrays: dict, out_shape):
+        if not self.batch:
+            return super().recompute_forward(capsule, plan, arrays, out_shape)
+        if self._emulator is None:
+            self._emulator = EmuBackend(self.family_dir, self.refs, launch_timeout=0, threads=1)
+            self._emulator.bind(self.capsule)
+        return self._emulator.recompute_forward(capsule, plan, arrays, out_shape)
 
     def upload(self, address: int, data: np.ndarray):
         ident, offset = divmod(address, self._SPAN)
@@ -297,63 +335,116 @@ class SanitizedBackend(DeviceBackend):
     def copy(self, destination: int, source: int, nbytes: int):
         self._launches.append(f"copy {self._device_address(destination)} {self._device_address(source)} {int(nbytes)}")
 
+    def _buffer_lines(self, work: Path) -> list[str]:
+        """The buffer lines of the buffers not yet in the script, their uploads written to `work`."""
+        lines = []
+        for ident, (nbytes, contents) in self._buffers.items():
+            if ident in self._emitted:
+                continue
+            source = "-"
+            if contents is not None:
+                source = str(work / f"in{ident}.bin")
+                Path(source).write_bytes(contents)
+            lines.append(f"buffer {ident} {nbytes} {source}")
+            if self.batch:
+                self._emitted.add(ident)
+        return lines
+
     def synchronize(self):
         launches, self._launches = self._launches, []
+        if self.batch:
+            if launches:
+                if self._work is None:
+                    self._work = tempfile.TemporaryDirectory(prefix="capsules-sanitize-")
+                self._script += self._buffer_lines(Path(self._work.name)) + launches
+                self._script += [f"dump {ident} -" for ident in self._buffers]
+            self._results = {i: contents or bytes(n) for i, (n, contents) in self._buffers.items()}
+            return
         if not launches:
             self._results = {i: contents or b"" for i, (n, contents) in self._buffers.items()}
             return
-        runner = runner_path(self._unit[0], self.tool, self._unit[1], self._unit[2])
         with tempfile.TemporaryDirectory(prefix="capsules-sanitize-") as work:
             work = Path(work)
-            lines, _names = [], {}
-            for ident, (nbytes, contents) in self._buffers.items():
-                source = "-"
-                if contents is not None:
-                    source = str(work / f"in{ident}.bin")
-                    Path(source).write_bytes(contents)
-                lines.append(f"buffer {ident} {nbytes} {source}")
-            lines += launches
-            for ident in self._buffers:
-                lines.append(f"dump {ident} {work / f'out{ident}.bin'}")
-            (work / "script").write_text("\n".join(lines) + "\n")
-            command = [str(runner), str(work / "script")]
-            limit = run_limit()
-            if self.tool == "initcheck":
-                command = ["valgrind", *VALGRIND_ARGS, *command]
-            try:
-                proc = subprocess.run(
-                    command,
-                    capture_output=True,
-                    text=True,
-                    timeout=limit,
-                    env={**os.environ, **TOOL_ENV[self.tool]},
-                    preexec_fn=die_with_parent,
-                )
-            except subprocess.TimeoutExpired:
-                first_kernel = next((line.split()[1] for line in launches if line.startswith("launch ")), "the plan")
-                raise KernelFault(
-                    f"the {self.tool} run of {first_kernel} did not finish in {limit:g} s (--sanitize-timeout)"
-                ) from None
-            address_errors_only = (
-                self.tool == "initcheck"
-                and proc.returncode == 66
-                and "ninitialised" not in proc.stderr
-                and "capsule-emu: error" not in proc.stderr
-            )
-            if proc.returncode != 0 and not address_errors_only:
-                raise _failure(self.tool, proc.stderr, proc.returncode, self.names)
+            lines = self._buffer_lines(work) + launches
+            lines += [f"dump {ident} {work / f'out{ident}.bin'}" for ident in self._buffers]
+            self._run_script(work, lines)
             self._results = {ident: (work / f"out{ident}.bin").read_bytes() for ident in self._buffers}
+
+    def flush(self) -> None:
+        """In a batch: run every case recorded so far in one child process; a SanitizerFinding
+        names the case it came from."""
+        script, self._script = self._script, []
+        work, self._work = self._work, None
+        if work is None:
+            return
+        with work:
+            self._run_script(Path(work.name), script)
+
+    def _run_script(self, work: Path, lines: list[str]) -> None:
+        """Run `lines` with the unit's runner under the tool; a finding or a failed launch raises."""
+        runner = runner_path(self._unit[0], self.tool, self._unit[1], self._unit[2])
+        (work / "script").write_text("\n".join(lines) + "\n")
+        command = [str(runner), str(work / "script")]
+        limit = run_limit()
+        if self.tool == "initcheck":
+            command = ["valgrind", *VALGRIND_ARGS, *command]
+        try:
+            proc = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                env={**os.environ, **TOOL_ENV[self.tool]},
+                preexec_fn=die_with_parent,
+            )
+        except subprocess.TimeoutExpired:
+            first_kernel = next((line.split()[1] for line in lines if line.startswith("launch ")), "the plan")
+            raise KernelFault(
+                f"the {self.tool} run of {first_kernel} did not finish in {limit:g} s (--sanitize-timeout)"
+            ) from None
+        address_errors_only = (
+            self.tool == "initcheck"
+            and proc.returncode == 66
+            and "ninitialised" not in proc.stderr
+            and "capsule-emu: error" not in proc.stderr
+        )
+        if proc.returncode != 0 and not address_errors_only:
+            case, stderr = _failing_case(proc.stderr)
+            failure = _failure(self.tool, stderr, proc.returncode, self.names)
+            if isinstance(failure, SanitizerFinding):
+                failure.case = case
+            elif case is not None:
+                failure = KernelFault(f"case {case}: {failure}")
+            raise failure
 
     def execute(self, capsule, plan, host, outputs):
         """DeviceBackend.execute (one allocation per plan buffer, in order), remembering which plan
         buffer each allocation is."""
         order = [b for b in plan.buffers if b.name not in plan.aliases]
-        self.names = {self._next + i: b.name for i, b in enumerate(order)}
+        self.names.update({self._next + i: b.name for i, b in enumerate(order)})
         return super().execute(capsule, plan, host, outputs)
 
 
 _ADDRESS = re.compile(r"capsule-emu: buffer (\d+) 0x([0-9a-f]+) (\d+)")
 _SOURCE = re.compile(r"([^\s(]+\.cuh?):(\d+)")
+
+
+_CASE = re.compile(r"^capsule-emu: case (.+)$", re.MULTILINE)
+
+
+def _failing_case(stderr: str) -> tuple[str | None, str]:
+    """(the case of a batch whose run the first report came from, the stderr of that case on):
+    the runner announces each case, and the first line that is neither an announcement nor a
+    buffer line starts the report."""
+    case, start, position = None, 0, 0
+    for line in stderr.splitlines(keepends=True):
+        m = _CASE.match(line.rstrip("\n"))
+        if m:
+            case, start = m.group(1), position
+        elif line.strip() and not line.startswith("capsule-emu: buffer "):
+            break
+        position += len(line)
+    return case, stderr[start:]
 
 
 def _where(stderr: str) -> str:
@@ -465,7 +556,9 @@ def _failure(tool: str, stderr: str, code: int, names: dict) -> Exception:
     (the emulator's own: a divergent barrier, __trap), a KernelFault."""
     summary = _SUMMARIES[tool](stderr, names)
     if summary is not None:
-        report = "\n".join(line for line in stderr.splitlines() if not line.startswith("capsule-emu: buffer "))
+        report = "\n".join(
+            line for line in stderr.splitlines() if not line.startswith(("capsule-emu: buffer ", "capsule-emu: case "))
+        )
         return SanitizerFinding(Finding(tool, summary, report))
     own = re.search(r"capsule-emu: error: (.+)", stderr)
     if own:

@@ -774,8 +774,9 @@ class Session:
         )
 
     def check_sanitizer(self, tool: str) -> Result:
-        """Every sample and edge case, forward and backward, through the kernels under `tool`: the
-        first finding fails the check with its trimmed report (the whole text in `details`)."""
+        """Every sample and edge case, forward and backward, through the kernels under `tool`, all
+        in one sanitizer process (a batch): the first finding fails the check with its case and
+        trimmed report (the whole text in `details`)."""
         from capsule_core.sanitize.engine import SanitizerFinding, backend_for, compute_sanitizer
 
         check = f"sanitize.{tool}"
@@ -785,12 +786,17 @@ class Session:
             outcome = compute_sanitizer(tool, short_name(self.capsule), self.seed, self.quick, self.case_filter)
             status = {"finding": Status.FAILED, "clean": Status.PASSED, "skipped": Status.SKIPPED}[outcome.status]
             return Result(check, status, outcome.summary, repro=self.sanitizer_repro(tool), details=outcome.text)
-        backend = backend_for(tool)
+        backend = backend_for(tool, batch=True)
         backend.bind(self.capsule)
         runs = 0
-        for sample in self.samples():
+        samples = self.samples()
+        for sample in [*samples, None]:
             try:
+                if sample is None:  # the batch
+                    backend.flush()
+                    break
                 arrays, _, out_shape = validate(self.spec, sample.inputs, sample.params, np.float32)
+                backend.begin_case(sample.case)
                 backend.forward(self.spec, _copy_inputs(arrays), dict(sample.params), GuardedOutput(out_shape))
                 runs += 1
                 if self.spec.has_vjp:
@@ -804,23 +810,25 @@ class Session:
                     )
                     runs += 1
             except SanitizerFinding as exc:
+                found = next((s for s in samples if s.case == exc.case), sample)
                 return Result(
                     check,
                     Status.FAILED,
-                    f"{sample.summary()}: {exc.finding.summary}",
-                    case=sample.case,
-                    cases=runs + 1,
-                    repro=self.sanitizer_repro(tool, sample.case),
+                    f"{found.summary()}: {exc.finding.summary}",
+                    case=found.case,
+                    cases=runs if sample is None else runs + 1,
+                    repro=self.sanitizer_repro(tool, found.case),
                     details=exc.finding.text,
                 )
             except Exception as exc:  # the runner could not run the case: no verdict on it
+                where = f"{sample.summary()}: " if sample is not None else ""
                 return Result(
                     check,
                     Status.ERROR,
-                    f"{sample.summary()}: {type(exc).__name__}: {exc}",
-                    case=sample.case,
+                    f"{where}{type(exc).__name__}: {exc}",
+                    case=sample.case if sample is not None else None,
                     cases=runs,
-                    repro=self.sanitizer_repro(tool, sample.case),
+                    repro=self.sanitizer_repro(tool, sample.case if sample is not None else None),
                 )
         return Result(
             check,
