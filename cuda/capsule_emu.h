@@ -423,7 +423,78 @@ inline std::string ranges(const std::vector<unsigned>& v) {
     return s.empty() ? "none" : s;
 }
 
-CAPSULE_EMU_INTERNAL inline void to_scheduler() {
+#if !defined(CAPSULE_EMU_SANITIZE)
+// The fibers' stacks, in one mapping per OS thread kept across launches. Stack t lies at the top of
+// slot t, kSlotBytes aligned to kSlotBytes, under the slot's header (its fiber and the state of
+// the OS thread that runs it), above a guard page that is never accessible, so a thread that
+// outgrows its stack faults there instead of writing over its neighbour's. Kernel code finds its
+// fiber from its stack pointer (here()), without a thread-local lookup on every threadIdx. Pages
+// are touched only as threads use them.
+constexpr size_t kSlotBytes = 256 * 1024;
+static_assert((kSlotBytes & (kSlotBytes - 1)) == 0 && kSlotBytes >= kStackBytes + 2 * 65536);
+
+struct SlotHeader {
+    Fiber* fiber;
+    State* state;
+    char pad[48];
+};
+
+struct GuardedStacks {
+    char* mapping = nullptr;
+    size_t mapped = 0;
+    char* base = nullptr;  // the first slot
+    size_t count = 0;
+    size_t guard = 0;
+
+    size_t stride() const { return kSlotBytes; }
+    char* stack(unsigned t) const { return base + (t + 1) * kSlotBytes - sizeof(SlotHeader) - kStackBytes; }
+    SlotHeader& header(unsigned t) const { return *reinterpret_cast<SlotHeader*>(base + (t + 1) * kSlotBytes - sizeof(SlotHeader)); }
+    // The guard page of stack t: the page below the one its bottom lies in.
+    char* guard_page(unsigned t) const {
+        return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(stack(t)) & ~uintptr_t(guard - 1)) - guard;
+    }
+
+    // Room for n stacks (the mapping only grows).
+    void reserve(size_t n) {
+        if (n <= count) return;
+        if (mapping) munmap(mapping, mapped);
+        guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        mapped = (n + 1) * kSlotBytes;
+        void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) std::abort();
+        mapping = static_cast<char*>(p);
+        base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mapping) + kSlotBytes - 1) & ~uintptr_t(kSlotBytes - 1));
+        count = n;
+        for (size_t t = 0; t < n; ++t)
+            if (mprotect(guard_page(unsigned(t)), guard, PROT_NONE) != 0) std::abort();
+    }
+
+    // Whether address lies in a guard page.
+    bool guards(const void* address) const {
+        const char* a = static_cast<const char*>(address);
+        if (!base || a < base || a >= base + count * kSlotBytes) return false;
+        const char* page = guard_page(unsigned(size_t(a - base) / kSlotBytes));
+        return a >= page && a < page + guard;
+    }
+};
+inline thread_local GuardedStacks guarded_stacks;
+
+// The fiber running this code, and its OS thread's state: from the header of the stack slot (kernel
+// code only: it runs on a fiber's stack).
+CAPSULE_EMU_INTERNAL inline SlotHeader& slot() {
+    const uintptr_t sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    return *reinterpret_cast<SlotHeader*>((sp & ~uintptr_t(kSlotBytes - 1)) + kSlotBytes - sizeof(SlotHeader));
+}
+CAPSULE_EMU_INTERNAL inline State& here() { return *slot().state; }
+CAPSULE_EMU_INTERNAL inline Fiber& me() { return *slot().fiber; }
+#else
+CAPSULE_EMU_INTERNAL inline State& here() { return state; }
+CAPSULE_EMU_INTERNAL inline Fiber& me() { return *state.current; }
+#endif
+
+// Back to the scheduler of `state`'s OS thread (from a fiber: here(); from a signal handler, which
+// runs on its own stack: the thread-local state).
+CAPSULE_EMU_INTERNAL inline void to_scheduler(State& state = here()) {
     Fiber* f = state.current;
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_switch_to_fiber(state.host_fiber, 1);
@@ -435,7 +506,7 @@ CAPSULE_EMU_INTERNAL inline void to_scheduler() {
 #endif
 }
 
-CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
+CAPSULE_EMU_INTERNAL inline void to_fiber(State& state, Fiber& f) {
     state.current = &f;
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_switch_to_fiber(f.tsan, 1);
@@ -450,43 +521,13 @@ CAPSULE_EMU_INTERNAL inline void to_fiber(Fiber& f) {
 // Ends the launch with `message` (the first error of a launch is kept); never returns.
 [[noreturn]] CAPSULE_EMU_INTERNAL inline void abort_launch(const std::string& message) {
     Unobserved quiet;
+    State& state = here();
     if (state.error.empty()) state.error = message;
     state.aborted = true;
     for (;;) to_scheduler();
 }
 
 #if !defined(CAPSULE_EMU_SANITIZE)
-// The fibers' stacks, in one mapping kept across launches: stack t is the kStackBytes above guard
-// page t, which is never accessible, so a thread that outgrows its stack faults there instead of
-// writing over its neighbour's. Pages are touched only as threads use them.
-struct GuardedStacks {
-    char* base = nullptr;
-    size_t count = 0;
-    size_t guard = 0;
-
-    size_t stride() const { return guard + kStackBytes; }
-    char* stack(unsigned t) const { return base + t * stride() + guard; }
-
-    // Room for n stacks (the mapping only grows).
-    void reserve(size_t n) {
-        if (n <= count) return;
-        if (base) munmap(base, count * stride());
-        guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-        void* p = mmap(nullptr, n * stride(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED) std::abort();
-        base = static_cast<char*>(p);
-        count = n;
-        for (size_t t = 0; t < n; ++t)
-            if (mprotect(base + t * stride(), guard, PROT_NONE) != 0) std::abort();
-    }
-
-    // Whether address lies in a guard page.
-    bool guards(const void* address) const {
-        const char* a = static_cast<const char*>(address);
-        return base && a >= base && a < base + count * stride() && size_t(a - base) % stride() < guard;
-    }
-};
-inline thread_local GuardedStacks guarded_stacks;
 
 // A hardware fault in kernel code ends the launch as __trap does: the handler runs on a signal
 // stack of its own (the faulting fiber's may be the cause) and leaves it for the scheduler, never
@@ -532,7 +573,7 @@ inline void on_fault(int signo, siginfo_t* info, void* context) {
     if (signo == SIGSEGV && info->si_code != SI_KERNEL) state.fault_access = (error & 0x10) ? 3 : (error & 2) ? 2 : 1;
 #endif
     state.aborted = true;
-    for (;;) to_scheduler();
+    for (;;) to_scheduler(state);
 }
 
 // The launch watchdog (SIGVTALRM from a per-launch POSIX timer aimed at the launching thread): a
@@ -543,7 +584,7 @@ inline void on_timeout(int, siginfo_t*, void* context) {
     state.timed_out = 1;
     if (state.current && !state.aborted && on_fiber(context)) {
         state.aborted = true;
-        for (;;) to_scheduler();
+        for (;;) to_scheduler(state);
     }
 }
 
@@ -632,6 +673,7 @@ inline std::string fault_report() {
 
 CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& site) {
     Unobserved quiet;
+    State& state = here();
     if (b.arrived == 0) {
         b.kind = kind;
         b.site = site;
@@ -649,7 +691,7 @@ CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& 
         ++b.generation;
     } else {
         state.current->waiting = &b;
-        while (b.generation == generation) to_scheduler();
+        while (b.generation == generation) to_scheduler(state);
         state.current->waiting = nullptr;
     }
 #if defined(CAPSULE_EMU_TSAN)
@@ -657,13 +699,13 @@ CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& 
 #endif
 }
 
-CAPSULE_EMU_INTERNAL inline void sync_block(const Site& site) { wait(*state.block_barrier, "__syncthreads", site); }
+CAPSULE_EMU_INTERNAL inline void sync_block(const Site& site) { wait(*here().block_barrier, "__syncthreads", site); }
 
-CAPSULE_EMU_INTERNAL inline Warp& my_warp() { return (*state.warps)[state.current->linear >> 5]; }
+CAPSULE_EMU_INTERNAL inline Warp& my_warp() { return (*here().warps)[me().linear >> 5]; }
 
 CAPSULE_EMU_INTERNAL inline uint64_t exchange(uint64_t bits, unsigned source_lane, const char* kind, const Site& site) {
     Unobserved quiet;
-    const unsigned lane = state.current->linear & 31u;
+    const unsigned lane = me().linear & 31u;
     Warp& w = my_warp();
     wait(w.barrier, kind, site);  // every lane has finished reading the previous exchange
     w.exchange[lane] = bits;
@@ -728,6 +770,7 @@ CAPSULE_EMU_INTERNAL inline FiberSet& next_fiber_set(unsigned n) {
 #endif
 
 CAPSULE_EMU_INTERNAL inline void fiber_main() {
+    State& state = here();
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_begin);
 #endif
@@ -743,7 +786,7 @@ CAPSULE_EMU_INTERNAL inline void fiber_main() {
 #endif
     state.current->done = true;
     state.progress = true;
-    for (;;) to_scheduler();
+    for (;;) to_scheduler(state);
 }
 
 #if !defined(CAPSULE_EMU_UCONTEXT)
@@ -864,6 +907,7 @@ CAPSULE_EMU_INTERNAL inline std::vector<unsigned> schedule(unsigned n, uint64_t 
 
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
 CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
+    State& state = capsule_emu::state;
     state.fibers.assign(n, Fiber{});
 #if defined(CAPSULE_EMU_SANITIZE)
     if (state.stacks.size() < n) state.stacks.resize(n);
@@ -898,6 +942,7 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         char* stack_base = set.stacks + size_t(t) * kStackBytes;
 #elif !defined(CAPSULE_EMU_SANITIZE)
         char* stack_base = guarded_stacks.stack(t);
+        guarded_stacks.header(t) = SlotHeader{&f, &state, {}};
 #else
         std::vector<char>& stack = state.stacks[t];
         if (stack.size() != kStackBytes) {
@@ -934,7 +979,7 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         for (unsigned t : turn) {
             Fiber& f = state.fibers[t];
             if (f.done) continue;
-            to_fiber(f);
+            to_fiber(state, f);
             if (state.timed_out && state.error.empty()) {
                 state.error = timeout_report(&f);
                 ok = false;
@@ -1143,11 +1188,11 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
 namespace capsule_emu {
 // What kernel code reads of the emulator's state, through functions racecheck does not instrument
 // (the scheduler writes it between fibers; that is no race of the kernel's).
-CAPSULE_EMU_INTERNAL inline dim3 thread_idx() { return state.current->thread; }
-CAPSULE_EMU_INTERNAL inline dim3 block_idx() { return state.block_index; }
-CAPSULE_EMU_INTERNAL inline dim3 block_dim() { return state.block_dim; }
-CAPSULE_EMU_INTERNAL inline dim3 grid_dim() { return state.grid_dim; }
-CAPSULE_EMU_INTERNAL inline unsigned lane() { return state.current->linear & 31u; }
+CAPSULE_EMU_INTERNAL inline dim3 thread_idx() { return me().thread; }
+CAPSULE_EMU_INTERNAL inline dim3 block_idx() { return here().block_index; }
+CAPSULE_EMU_INTERNAL inline dim3 block_dim() { return here().block_dim; }
+CAPSULE_EMU_INTERNAL inline dim3 grid_dim() { return here().grid_dim; }
+CAPSULE_EMU_INTERNAL inline unsigned lane() { return me().linear & 31u; }
 }  // namespace capsule_emu
 
 #define threadIdx (capsule_emu::thread_idx())
@@ -1158,9 +1203,9 @@ CAPSULE_EMU_INTERNAL inline unsigned lane() { return state.current->linear & 31u
 
 // The block's dynamic shared memory and its size (common.cuh takes these from the emulator).
 CAPSULE_EMU_INTERNAL inline unsigned char* capsule_emu_dynamic_shared() {
-    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(capsule_emu::state.dynamic_shared.data()) + 15) & ~uintptr_t(15));
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(capsule_emu::here().dynamic_shared.data()) + 15) & ~uintptr_t(15));
 }
-CAPSULE_EMU_INTERNAL inline unsigned capsule_emu_dynamic_shared_bytes() { return capsule_emu::state.dynamic_bytes; }
+CAPSULE_EMU_INTERNAL inline unsigned capsule_emu_dynamic_shared_bytes() { return capsule_emu::here().dynamic_bytes; }
 
 inline void __syncthreads(capsule_emu::Site site = capsule_emu::Site::current()) { capsule_emu::sync_block(site); }
 
