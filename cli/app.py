@@ -377,6 +377,8 @@ def verify(
         chosen, note = resolve(backend.value, device, launch_timeout=launch_timeout, emu_threads=emu_threads)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
+    except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
+        raise fail(str(exc), EXIT_USAGE)
     if require_gpu and chosen.name != "cuda":
         raise fail(f"--require-gpu: {note}", EXIT_ENVIRONMENT)
     typer.echo(note, err=True)

@@ -101,7 +101,7 @@ def fuzz(
     import time as clock
 
     from capsule_core.catalog import registry
-    from capsule_core.errors import EnvironmentMissing, UnknownNameError
+    from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
     from capsule_core.render import report
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
 
@@ -149,6 +149,8 @@ def fuzz(
         chosen, note = resolve(backend.value, launch_timeout=launch_timeout, emu_threads=emu_threads)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
+    except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
+        raise fail(str(exc), EXIT_USAGE)
     typer.echo(note, err=True)
     where = spread(
         chosen.name,
