@@ -33,8 +33,7 @@ from cli.parallel_options import (
     LaunchTimeoutOption,
     RayOption,
     collect,
-    emu_threads_option,
-    launch_timeout_option,
+    emulator_options,
     spread,
 )
 from cli.plan_command import plan
@@ -371,10 +370,9 @@ def verify(
     unwritable = unwritable_outputs({"--json": json_file, "--junit": junit_file})
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
-    launch_timeout = launch_timeout_option(launch_timeout)
-    emu_threads = emu_threads_option(emu_threads)
+    emulator = emulator_options(launch_timeout, emu_threads)
     try:
-        chosen, note = resolve(backend.value, device, launch_timeout=launch_timeout, emu_threads=emu_threads)
+        chosen, note = resolve(backend.value, device, **emulator)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
@@ -398,17 +396,7 @@ def verify(
         start_build = clock.perf_counter()
         prebuild(capsules, tools, int(jobs) if jobs and jobs.isdigit() else None)
         typer.echo(f"sanitizer builds ready in {clock.perf_counter() - start_build:.1f} s", err=True)
-    where = spread(
-        chosen.name,
-        jobs,
-        devices,
-        ray,
-        len(capsules),
-        isolate=isolate,
-        device=device,
-        launch_timeout=launch_timeout,
-        emu_threads=emu_threads,
-    )
+    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, **emulator)
     if where is not None:
         from capsule_core.drivers import parallel
 

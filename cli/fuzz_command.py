@@ -25,8 +25,7 @@ from cli.parallel_options import (
     LaunchTimeoutOption,
     RayOption,
     collect,
-    emu_threads_option,
-    launch_timeout_option,
+    emulator_options,
     spread,
 )
 from cli.stop_signals import signal_name, stop_signals
@@ -132,8 +131,7 @@ def fuzz(
     )
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
-    launch_timeout = launch_timeout_option(launch_timeout)
-    emu_threads = emu_threads_option(emu_threads)
+    emulator = emulator_options(launch_timeout, emu_threads)
 
     from capsule_core.backends.select import resolve
     from capsule_core.fuzz import engine
@@ -146,22 +144,13 @@ def fuzz(
         except (engine.ReplayFileError, UnknownNameError) as exc:
             raise fail(str(exc), EXIT_USAGE)
     try:
-        chosen, note = resolve(backend.value, launch_timeout=launch_timeout, emu_threads=emu_threads)
+        chosen, note = resolve(backend.value, **emulator)
     except EnvironmentMissing as exc:
         raise fail(str(exc), EXIT_ENVIRONMENT)
     except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
         raise fail(str(exc), EXIT_USAGE)
     typer.echo(note, err=True)
-    where = spread(
-        chosen.name,
-        jobs,
-        devices,
-        ray,
-        len(capsules),
-        isolate=isolate,
-        launch_timeout=launch_timeout,
-        emu_threads=emu_threads,
-    )
+    where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, **emulator)
     from capsule_core.drivers import parallel
 
     if where is not None:

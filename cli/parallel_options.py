@@ -49,15 +49,6 @@ RayOption = Annotated[
 ]
 
 
-def launch_timeout_option(seconds: Optional[float]) -> Optional[float]:
-    """--launch-timeout checked (a finite number of seconds, 0 for none); exit 2 naming the rule."""
-    from cli.common import EXIT_USAGE, fail
-
-    if seconds is not None and not 0 <= seconds < float("inf"):
-        raise fail(f"--launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {seconds:g}", EXIT_USAGE)
-    return seconds
-
-
 EmuThreadsOption = Annotated[
     Optional[int],
     typer.Option(
@@ -69,13 +60,18 @@ EmuThreadsOption = Annotated[
 ]
 
 
-def emu_threads_option(threads: Optional[int]) -> Optional[int]:
-    """--emu-threads checked (a whole number >= 1); exit 2 naming the rule."""
+def emulator_options(launch_timeout: Optional[float], emu_threads: Optional[int]) -> dict:
+    """--launch-timeout (a finite number of seconds, 0 for none) and --emu-threads (a whole number
+    >= 1) checked, as the keyword arguments of resolve and spread; exit 2 naming the rule."""
     from cli.common import EXIT_USAGE, fail
 
-    if threads is not None and threads < 1:
-        raise fail(f"--emu-threads: must be >= 1 (1: blocks one after another), got {threads}", EXIT_USAGE)
-    return threads
+    if launch_timeout is not None and not 0 <= launch_timeout < float("inf"):
+        raise fail(
+            f"--launch-timeout: must be a number of seconds >= 0 (0: no watchdog), got {launch_timeout:g}", EXIT_USAGE
+        )
+    if emu_threads is not None and emu_threads < 1:
+        raise fail(f"--emu-threads: must be >= 1 (1: blocks one after another), got {emu_threads}", EXIT_USAGE)
+    return {"launch_timeout": launch_timeout, "emu_threads": emu_threads}
 
 
 def spread(

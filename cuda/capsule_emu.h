@@ -1017,6 +1017,16 @@ void call_body(const void* data) {
     (*static_cast<const F*>(data))();
 }
 
+// A failure's error text and fault, from a thread's state to its launch and back to the launching
+// thread's state.
+template <class To, class From>
+void copy_failure(To& to, const From& from) {
+    to.error = from.error;
+    to.fault_signal = from.fault_signal, to.fault_code = from.fault_code, to.fault_access = from.fault_access;
+    to.fault_address = from.fault_address, to.fault_pc = from.fault_pc;
+    to.timed_out = from.timed_out;
+}
+
 // This OS thread's part of launch l: it claims blocks in the schedule's order until none is left
 // or a block has failed (here or on another thread), and records a failure for the launch (the
 // first in the schedule wins, so the error does not depend on which threads ran beside it).
@@ -1054,10 +1064,7 @@ CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
         std::lock_guard<std::mutex> guard(l.failure_lock);
         if (i < l.failed_at) {
             l.failed_at = i;
-            l.error = state.error;
-            l.fault_signal = state.fault_signal, l.fault_code = state.fault_code, l.fault_access = state.fault_access;
-            l.fault_address = state.fault_address, l.fault_pc = state.fault_pc;
-            l.timed_out = state.timed_out;
+            copy_failure(l, state);
         }
         l.stop = true;
         break;
@@ -1171,10 +1178,7 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
 #endif
     // The launch's result, as the launching thread's state (capsule_emu_error and the fault read it).
     state.kernel = name;
-    state.error = l.error;
-    state.fault_signal = l.fault_signal, state.fault_code = l.fault_code, state.fault_access = l.fault_access;
-    state.fault_address = l.fault_address, state.fault_pc = l.fault_pc;
-    state.timed_out = l.timed_out;
+    copy_failure(state, l);
     state.current = nullptr;
     state.order = 0;  // the state is shared by every family library loaded: no schedule outlives its launch
 #if defined(CAPSULE_EMU_TSAN)
@@ -1273,13 +1277,21 @@ struct capsule_emu_ubsan_mismatch {
     unsigned char log_alignment;
     unsigned char kind;
 };
-__attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(capsule_emu_ubsan_mismatch* data, uintptr_t pointer) {
+// Built with -fno-sanitize-recover=alignment, the checks call the _abort form, which never returns:
+// the compiler can then keep a loop's values in registers across the checks (an SGEMM's
+// accumulators), as it cannot around a call that may return and may have written memory.
+[[noreturn]] __attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1_abort(capsule_emu_ubsan_mismatch* data,
+                                                                                                uintptr_t pointer) {
     const uintptr_t alignment = uintptr_t(1) << data->log_alignment;
-    if (pointer == 0 || (pointer & (alignment - 1)) == 0) return;
     const char* slash = std::strrchr(data->location.file, '/');
     capsule_emu::abort_launch(capsule_emu::where() + ": misaligned " + std::to_string(alignment) + "-byte access at address 0x" +
                               [&] { char b[32]; std::snprintf(b, sizeof b, "%lx", static_cast<unsigned long>(pointer)); return std::string(b); }() +
                               " at " + (slash ? slash + 1 : data->location.file) + ":" + std::to_string(data->location.line));
+}
+__attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(capsule_emu_ubsan_mismatch* data, uintptr_t pointer) {
+    const uintptr_t alignment = uintptr_t(1) << data->log_alignment;
+    if (pointer == 0 || (pointer & (alignment - 1)) == 0) return;
+    __ubsan_handle_type_mismatch_v1_abort(data, pointer);
 }
 }
 #endif

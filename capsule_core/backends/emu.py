@@ -30,6 +30,21 @@ from capsule_core.kernels.c_types import C_TYPES, argument_word
 
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
+
+
+def _host_fma() -> tuple[str, ...]:
+    """-mfma where this CPU has the instruction: the kernels' fmaf (__fmaf_rn, the SGEMM's inner
+    product) becomes one instruction instead of a call into libm, the same correctly rounded result."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return ("-mfma",) if " fma " in f"{line.rstrip()} " else ()
+    except OSError:
+        pass
+    return ()
+
+
 HOST_FLAGS = (
     "-std=c++20",
     "-O2",
@@ -38,13 +53,16 @@ HOST_FLAGS = (
     "-ffp-contract=off",
     "-fno-fast-math",
     "-fsanitize=alignment",
+    "-fno-sanitize-recover=alignment",
     "-fstack-clash-protection",
     "-fdata-sections",
     "-g1",
     "-w",
+    *_host_fma(),
 )
 """-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
-checked, the handler in the emulator header ends the launch (a GPU faults); -fstack-clash-protection:
+checked, the handler in the emulator header ends the launch (a GPU faults; -fno-sanitize-recover:
+the handler never returns, so the checks cost the optimiser nothing); -fstack-clash-protection:
 a frame larger than a page is touched page by page, so a thread that outgrows its fiber stack hits
 the guard page below it rather than the stack of the thread below; -fdata-sections: each
 __shared__ variable in its own section, for capsule_emu.ld."""
