@@ -32,8 +32,10 @@
 //   launch with an error naming the kernel, block, thread and signal, not the host process;
 // - so does a thread that outgrows its kStackBytes of stack (each fiber's stack has an inaccessible
 //   guard page below it, the build probes large frames page by page: -fstack-clash-protection).
-// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers then switch
-// through ucontext, which the runtimes understand) and, for racecheck, CAPSULE_EMU_TSAN (every
+// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers switch as in
+// every build, without a system call; AddressSanitizer is told of each switch, valgrind knows the
+// stacks: swapcontext cost a signal-mask system call per switch, and under ASan the clearing of
+// the whole new stack's shadow) and, for racecheck, CAPSULE_EMU_TSAN (every
 // thread a TSan fiber, barriers and shuffles release/acquire among their participants, a launch
 // boundary orders everything), or, for initcheck, CAPSULE_EMU_VALGRIND (shared memory undefined at
 // the start of every block).
@@ -63,7 +65,7 @@
 #include <thread>
 #endif
 
-#if defined(CAPSULE_EMU_SANITIZE) || !defined(__x86_64__)
+#if !defined(__x86_64__)
 #define CAPSULE_EMU_UCONTEXT 1
 #include <ucontext.h>
 #endif
@@ -214,6 +216,13 @@ void AnnotateIgnoreWritesEnd(const char* file, int line);
 #define CAPSULE_EMU_INTERNAL
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define CAPSULE_EMU_ASAN 1
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old, size_t* size_old);
+extern "C" void __asan_unpoison_memory_region(const volatile void* addr, size_t size);
+#endif
+
 namespace capsule_emu {
 // The emulator's own memory traffic, unseen by racecheck (callees included): only the kernels'
 // accesses are the subject; the scheduler writes state between fibers that TSan cannot order.
@@ -309,6 +318,10 @@ struct Fiber {
 #if defined(CAPSULE_EMU_TSAN)
     void* tsan = nullptr;
 #endif
+#if defined(CAPSULE_EMU_ASAN)
+    const char* stack_bottom = nullptr;
+    void* fake_stack = nullptr;
+#endif
     dim3 thread;
     unsigned linear = 0;
     bool done = false;
@@ -360,6 +373,12 @@ struct State {
 #if defined(CAPSULE_EMU_TSAN)
     void* host_fiber = nullptr;
     char launch_begin = 0, launch_end = 0;
+#endif
+#if defined(CAPSULE_EMU_ASAN)
+    const void* scheduler_bottom = nullptr;  // the scheduler's stack, as ASan told the first fiber
+    size_t scheduler_size = 0;
+    void* scheduler_fake_stack = nullptr;
+    bool stacks_dirty = false;  // a block ended in an error: its fibers' frames are left poisoned
 #endif
 #if defined(CAPSULE_EMU_SANITIZE)
     std::vector<std::vector<char>> stacks;
@@ -499,10 +518,16 @@ CAPSULE_EMU_INTERNAL inline void to_scheduler(State& state = here()) {
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_switch_to_fiber(state.host_fiber, 1);
 #endif
+#if defined(CAPSULE_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&f->fake_stack, state.scheduler_bottom, state.scheduler_size);
+#endif
 #if defined(CAPSULE_EMU_UCONTEXT)
     swapcontext(&f->context, &state.scheduler);
 #else
     capsule_emu_switch(&f->sp, state.scheduler);
+#endif
+#if defined(CAPSULE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
 #endif
 }
 
@@ -511,10 +536,16 @@ CAPSULE_EMU_INTERNAL inline void to_fiber(State& state, Fiber& f) {
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_switch_to_fiber(f.tsan, 1);
 #endif
+#if defined(CAPSULE_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&state.scheduler_fake_stack, f.stack_bottom, kStackBytes);
+#endif
 #if defined(CAPSULE_EMU_UCONTEXT)
     swapcontext(&state.scheduler, &f.context);
 #else
     capsule_emu_switch(&state.scheduler, f.sp);
+#endif
+#if defined(CAPSULE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(state.scheduler_fake_stack, nullptr, nullptr);
 #endif
 }
 
@@ -771,6 +802,9 @@ CAPSULE_EMU_INTERNAL inline FiberSet& next_fiber_set(unsigned n) {
 
 CAPSULE_EMU_INTERNAL inline void fiber_main() {
     State& state = here();
+#if defined(CAPSULE_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(nullptr, &state.scheduler_bottom, &state.scheduler_size);
+#endif
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_begin);
 #endif
@@ -953,6 +987,13 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         }
         char* stack_base = stack.data();
 #endif
+#if defined(CAPSULE_EMU_ASAN)
+        // A finished fiber leaves the frames it ends in (fiber_main's, to_scheduler's) poisoned at
+        // the top of its stack; a block that ended in an error, frames anywhere.
+        f.stack_bottom = stack_base;
+        const size_t top = state.stacks_dirty ? kStackBytes : 16384;
+        __asan_unpoison_memory_region(stack_base + kStackBytes - top, top);
+#endif
 #if defined(CAPSULE_EMU_UCONTEXT)
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = stack_base;
@@ -1001,6 +1042,9 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         }
     }
     state.current = nullptr;
+#if defined(CAPSULE_EMU_ASAN)
+    state.stacks_dirty = !ok;
+#endif
 #if defined(CAPSULE_EMU_TSAN)
     if (!ok) {
         // An abandoned fiber is inside the emulator with TSan's ignores on: never run it again.
