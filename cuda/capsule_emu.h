@@ -1186,8 +1186,10 @@ struct Pool {
     }
 };
 
-// The pool of this process (a forked child has none of its parent's threads: it starts another).
-inline Pool& pool() {
+// The pool of this family library (static: each translation unit's threads run its own
+// run_blocks and fill its own shared variables; a forked child has none of its parent's threads,
+// so it starts another).
+static inline Pool& pool() {
     static Pool* current = new Pool;
     if (current->owner != getpid()) current = new Pool;
     return *current;
@@ -1224,7 +1226,7 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
     state.kernel = name;
     copy_failure(state, l);
     state.current = nullptr;
-    state.order = 0;  // the state is shared by every family library loaded: no schedule outlives its launch
+    state.order = 0;  // one state per OS thread, shared by every family library loaded: no schedule outlives its launch
 #if defined(CAPSULE_EMU_TSAN)
     __tsan_acquire(&state.launch_end);
 #endif
