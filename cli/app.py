@@ -21,8 +21,10 @@ from cli.options import (
     BackendOption,
     LibraryOption,
     NamesArgument,
+    kernel_library_capsules,
     load_libraries,
     optional_option_values,
+    resolve_backend,
     unwritable_outputs,
 )
 from cli.parallel_options import (
@@ -252,21 +254,11 @@ def check(
     """
     import json
 
-    from capsule_core.catalog import registry
     from capsule_core.check import engine
     from capsule_core.render import report
 
     load_libraries(library)
-    try:
-        capsules = registry.lookup_many(names) if names else registry.kernel_capsules()
-    except UnknownNameError as exc:
-        raise fail(str(exc), EXIT_USAGE)
-    foreign = [c.name for c in capsules if not registry.launches_kernels(c)]
-    if foreign:
-        raise fail(
-            f"NAME: {', '.join(foreign)} launch no CUDA kernel; check takes the capsules of a kernel library",
-            EXIT_USAGE,
-        )
+    capsules = kernel_library_capsules(names, not names, "check")
     try:
         result = engine.check(capsules, tuple(a.value for a in arch) if arch else engine.ARCHES)
     except EnvironmentMissing as exc:
@@ -333,7 +325,6 @@ def verify(
     """
     import time as clock
 
-    from capsule_core.backends.select import resolve
     from capsule_core.catalog import registry
     from capsule_core.render import report
     from capsule_core.sanitize.engine import unavailable
@@ -371,12 +362,7 @@ def verify(
     if unwritable:
         raise fail(unwritable, EXIT_USAGE)
     emulator = emulator_options(launch_timeout, emu_threads)
-    try:
-        chosen, note = resolve(backend.value, device, **emulator)
-    except EnvironmentMissing as exc:
-        raise fail(str(exc), EXIT_ENVIRONMENT)
-    except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
-        raise fail(str(exc), EXIT_USAGE)
+    chosen, note = resolve_backend(backend.value, device, **emulator)
     if require_gpu and chosen.name != "cuda":
         raise fail(f"--require-gpu: {note}", EXIT_ENVIRONMENT)
     typer.echo(note, err=True)

@@ -9,7 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import AllOption, LibraryOption, NamesArgument, load_libraries, unwritable_outputs
+from cli.options import (
+    AllOption,
+    LibraryOption,
+    NamesArgument,
+    kernel_library_capsules,
+    load_libraries,
+    unwritable_outputs,
+)
 
 
 class BenchBackend(str, Enum):
@@ -102,7 +109,7 @@ def bench(
     """
     import importlib.util
 
-    from capsule_core.errors import EnvironmentMissing, UnknownNameError
+    from capsule_core.errors import EnvironmentMissing
     from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, progress_bar
 
     load_libraries(library)
@@ -125,18 +132,7 @@ def bench(
     elif not names and not all_:
         raise fail("NAME: give capsule names, --all or --suite reference", EXIT_USAGE)
     else:
-        from capsule_core.catalog import registry
-
-        try:
-            capsules = registry.kernel_capsules() if all_ else registry.lookup_many(names)
-        except UnknownNameError as exc:
-            raise fail(str(exc), EXIT_USAGE)
-        foreign = [c.name for c in capsules if not registry.launches_kernels(c)]
-        if foreign:
-            raise fail(
-                f"NAME: {', '.join(foreign)} launch no CUDA kernel; bench takes the capsules of a kernel library",
-                EXIT_USAGE,
-            )
+        capsules = kernel_library_capsules(names, all_, "bench")
 
     from capsule_core.bench import engine
     from capsule_core.render import report

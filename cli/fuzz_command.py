@@ -15,6 +15,7 @@ from cli.options import (
     LibraryOption,
     NamesArgument,
     load_libraries,
+    resolve_backend,
     unwritable_outputs,
 )
 from cli.parallel_options import (
@@ -100,9 +101,9 @@ def fuzz(
     import time as clock
 
     from capsule_core.catalog import registry
-    from capsule_core.errors import CapsuleError, EnvironmentMissing, UnknownNameError
+    from capsule_core.errors import UnknownNameError
     from capsule_core.render import report
-    from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail, write_reports
+    from cli.common import EXIT_USAGE, fail, write_reports
 
     load_libraries(library)
     if replay is not None and (names or all_):
@@ -133,7 +134,6 @@ def fuzz(
         raise fail(unwritable, EXIT_USAGE)
     emulator = emulator_options(launch_timeout, emu_threads)
 
-    from capsule_core.backends.select import resolve
     from capsule_core.fuzz import engine
 
     recorded = None
@@ -143,12 +143,7 @@ def fuzz(
             registry.lookup(recorded.capsule)
         except (engine.ReplayFileError, UnknownNameError) as exc:
             raise fail(str(exc), EXIT_USAGE)
-    try:
-        chosen, note = resolve(backend.value, **emulator)
-    except EnvironmentMissing as exc:
-        raise fail(str(exc), EXIT_ENVIRONMENT)
-    except CapsuleError as exc:  # a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS
-        raise fail(str(exc), EXIT_USAGE)
+    chosen, note = resolve_backend(backend.value, **emulator)
     typer.echo(note, err=True)
     where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, **emulator)
     from capsule_core.drivers import parallel

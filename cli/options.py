@@ -20,6 +20,24 @@ BackendChoice = Annotated[
         help="auto: cuda when a GPU answers, else emu (the kernels on the CPU emulator) when a C++ compiler is here, else numpy."
     ),
 ]
+
+
+def resolve_backend(name: str, device: int = 0, **emulator):
+    """capsule_core.backends.select.resolve for --backend NAME: (the backend, the line saying why);
+    exit 3 when this machine cannot run it, 2 for a bad CAPSULES_LAUNCH_TIMEOUT or CAPSULES_EMU_THREADS.
+    `emulator`: launch_timeout and emu_threads, as parallel_options.emulator_options returns them."""
+    from capsule_core.backends.select import resolve
+    from capsule_core.errors import CapsuleError, EnvironmentMissing
+    from cli.common import EXIT_ENVIRONMENT, EXIT_USAGE, fail
+
+    try:
+        return resolve(name, device, **emulator)
+    except EnvironmentMissing as exc:
+        raise fail(str(exc), EXIT_ENVIRONMENT)
+    except CapsuleError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+
+
 NamesArgument = Annotated[
     Optional[list[str]], typer.Argument(help="Capsule or op names; a library's name for all its capsules.")
 ]
@@ -97,3 +115,23 @@ def load_libraries(paths, keep_going: bool = False) -> int:
     for failure in failed:
         typer.echo(f"capsules: error: {failure.source}: {failure.message}", err=True)
     return EXIT_USAGE
+
+
+def kernel_library_capsules(names, every: bool, command: str) -> list:
+    """Every capsule of the kernel libraries when `every`, else the named ones; exit 2 for an
+    unknown name or a named capsule that launches no CUDA kernel (`command` takes none of those)."""
+    from capsule_core.catalog import registry
+    from capsule_core.errors import UnknownNameError
+    from cli.common import EXIT_USAGE, fail
+
+    try:
+        capsules = registry.kernel_capsules() if every else registry.lookup_many(names)
+    except UnknownNameError as exc:
+        raise fail(str(exc), EXIT_USAGE)
+    foreign = [c.name for c in capsules if not registry.launches_kernels(c)]
+    if foreign:
+        raise fail(
+            f"NAME: {', '.join(foreign)} launch no CUDA kernel; {command} takes the capsules of a kernel library",
+            EXIT_USAGE,
+        )
+    return capsules

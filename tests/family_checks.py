@@ -24,8 +24,9 @@ from functools import lru_cache
 from typing import Callable, Iterator
 
 import numpy as np
+import pytest
 
-from capsule_core.catalog import registry
+from capsule_core.catalog import reference, registry
 from capsule_core.catalog.cpu_providers import REFERENCE
 from capsule_core.check.engine import (
     budget_for,
@@ -136,6 +137,13 @@ def cases(op: str, sizes=SIZES):
     for size in sizes:
         out += spec.samples(size, seeded_rng(spec.name, size))
     return out + spec.edges()
+
+
+def refusal(op: str, inputs: dict, params: dict, error: type) -> str:
+    """The message of the `error` that the float64 reference must raise for the op on `inputs`."""
+    with pytest.raises(error) as info:
+        reference.forward(op, inputs, **params)
+    return str(info.value)
 
 
 def cotangent(op: str, case: str, shape) -> np.ndarray:
@@ -279,6 +287,14 @@ def _reference_shapes(spec, sample, outputs, problems):
     return forward, backward
 
 
+def launch_plans(op: str, inputs: dict, params: dict | None = None) -> tuple[LaunchPlan, ...]:
+    """The forward (and backward) plan of the op on float32 `inputs`, as emulate() runs them."""
+    spec = get_spec(op)
+    forward, backward = plan_functions(registry.lookup(op))
+    arrays, params, _ = validate(spec, inputs, params or {}, np.float32)
+    return (forward(arrays, params),) + ((backward(arrays, params),) if spec.has_vjp else ())
+
+
 def with_launch(plan: LaunchPlan, index: int = 0, **changes) -> LaunchPlan:
     """`plan` with launch `index` changed (dataclasses.replace)."""
     launches = list(plan.launches)
@@ -298,6 +314,18 @@ def missed_faults(plan: LaunchPlan, refs: dict, faults, index: int = 0, arch: st
                 f"{'a plan' if isinstance(fault, LaunchPlan) else fault} not reported as {fragment!r}: {reported}"
             )
     return problems
+
+
+def missed_launch_faults(plan: LaunchPlan, refs: dict, faults=(), index: int = 0, arch: str = "sm_90") -> list[str]:
+    """missed_faults of `faults` after the two every kernel launch must be refused for: launch
+    `index` on a block of 2048 threads, and without its last argument."""
+    launch = plan.launches[index]
+    n = len(launch.args)
+    every_launch = [
+        ("2048 threads", {"block": (2048, 1, 1)}),
+        (f"{n - 1} arguments for {n}", {"args": launch.args[:-1]}),
+    ]
+    return missed_faults(plan, refs, every_launch + list(faults), index, arch)
 
 
 # -- results against the reference -------------------------------------------------------------------
@@ -438,11 +466,8 @@ def float32_off_16(buffer) -> int:
 
 
 def case_plans(op: str, sample) -> tuple[LaunchPlan, ...]:
-    """The forward (and backward) plan of one case, as emulate() runs them."""
-    spec = get_spec(op)
-    forward, backward = plan_functions(registry.lookup(op))
-    arrays, params, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    return (forward(arrays, params),) + ((backward(arrays, params),) if spec.has_vjp else ())
+    """The forward (and backward) plan of one case."""
+    return launch_plans(op, sample.inputs, sample.params)
 
 
 def emulated_paths(runner, op: str, sample, path_of, misaligned: bool = False) -> list:
@@ -463,3 +488,13 @@ def float32_off_16_in(*roles: str):
     alignment, every other buffer aligned (a kernel must check each pointer it moves vectors
     through, not one for all)."""
     return lambda buffer: int(buffer.dtype == "float32" and buffer.role in roles)
+
+
+def misaligned_paths(runner, op: str, sample, path_of) -> list:
+    """emulated_paths with every float32 buffer 4 bytes off 16-byte alignment, and emulated_problems
+    (exact results bit for bit) asserted empty where only the inputs or only the outputs are off: a
+    16-byte access off alignment is the emulator's error, as it is a GPU's fault."""
+    paths = emulated_paths(runner, op, sample, path_of, misaligned=True)
+    for misalign in (float32_off_16_in("input"), float32_off_16_in("output")):
+        assert emulated_problems(runner, op, sample, misalign, exact_bits=True) == [], f"{op} {sample.case}"
+    return paths

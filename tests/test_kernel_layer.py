@@ -473,21 +473,17 @@ def test_the_emulator_runs_kernels_with_cpp_linkage(tmp_path):
 
     (tmp_path / "cxx.cu").write_text(CXX_LINKAGE)
     x = np.float32([1, -2, 3, -4, 5, 0, 7])
-    plan = LaunchPlan(
-        "cxx",
-        "fwd",
-        (
-            Buffer("x", "input", "float32", 7),
-            Buffer("y", "output", "float32", 7),
-            Buffer("count", "output", "uint32", 1),
-        ),
-        (
-            Launch("lib::scale<float>", (1, 1, 1), (256, 1, 1), ("x", "y", 0.5, 7)),
-            Memset("count", 0),
-            Launch("lib::count_positive", (1, 1, 1), (256, 1, 1), ("x", "count", 7)),
-        ),
-        output_shapes={"y": (7,), "count": (1,)},
+    buffers = (
+        Buffer("x", "input", "float32", 7),
+        Buffer("y", "output", "float32", 7),
+        Buffer("count", "output", "uint32", 1),
     )
+    steps = (
+        Launch("lib::scale<float>", (1, 1, 1), (256, 1, 1), ("x", "y", 0.5, 7)),
+        Memset("count", 0),
+        Launch("lib::count_positive", (1, 1, 1), (256, 1, 1), ("x", "count", 7)),
+    )
+    plan = LaunchPlan("cxx", "fwd", buffers, steps, output_shapes={"y": (7,), "count": (1,)})
     assert plan_problems(plan, {r.symbol: r for r in CXX_REFS}) == []
     outputs = {"y": GuardedOutput((7,)), "count": GuardedOutput((1,))}
     capsule = type("Capsule", (), {"symbols": CXX_REFS})()

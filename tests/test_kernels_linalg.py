@@ -502,38 +502,26 @@ def test_plans_are_legal_for_every_sample(op):
 
 
 LARGE_LAUNCHES = {
-    # (op, sample index): [(symbol, grid blocks, threads)] of the forward, then the backward plan.
-    ("matmul", 0): [
-        ("capsule_matmul_fwd", 256, 256),
-        ("capsule_matmul_fwd_ksum", 1024, 256),
-        ("capsule_matmul_bwd_a", 256, 256),
-        ("capsule_matmul_bwd_ksum", 1024, 256),
-        ("capsule_matmul_bwd_b", 256, 256),
-        ("capsule_matmul_bwd_ksum", 1024, 256),
-    ],
-    ("matmul", 1): [
-        ("capsule_matmul_fwd", 128, 256),
-        ("capsule_matmul_fwd_ksum", 510, 256),
-        ("capsule_matmul_bwd_a", 288, 128),
-        ("capsule_matmul_bwd_b", 240, 256),
-        ("capsule_matmul_bwd_ksum", 511, 256),
-    ],
-    ("linear", 0): [
-        ("capsule_linear_fwd", 256, 256),
-        ("capsule_linear_fwd_ksum", 2048, 256),
-        ("capsule_linear_bwd_x", 256, 256),
-        ("capsule_linear_bwd_ksum", 2048, 256),
-        ("capsule_linear_bwd_w", 256, 256),
-        ("capsule_linear_bwd_ksum", 1024, 256),
-        ("capsule_linear_bwd_b", 256, 256),
-        ("capsule_linear_bwd_b", 32, 256),
-    ],
-    ("mse_loss", 0): [
-        ("capsule_mse_loss_fwd", 513, 256),
-        ("capsule_mse_loss_fwd", 1, 256),
-        ("capsule_mse_loss_bwd", 4099, 256),
-    ],
+    # (op, sample index): "kernel grid-blocks×threads" of each launch of the forward plan, then of the
+    # backward plan, the kernel named without its "capsule_<op>_".
+    ("matmul", 0): (
+        "fwd 256×256, fwd_ksum 1024×256",
+        "bwd_a 256×256, bwd_ksum 1024×256, bwd_b 256×256, bwd_ksum 1024×256",
+    ),
+    ("matmul", 1): ("fwd 128×256, fwd_ksum 510×256", "bwd_a 288×128, bwd_b 240×256, bwd_ksum 511×256"),
+    ("linear", 0): (
+        "fwd 256×256, fwd_ksum 2048×256",
+        "bwd_x 256×256, bwd_ksum 2048×256, bwd_w 256×256, bwd_ksum 1024×256, bwd_b 256×256, bwd_b 32×256",
+    ),
+    ("mse_loss", 0): ("fwd 513×256, fwd 1×256", "bwd 4099×256"),
 }
+
+
+def _launch_shapes(op: str, plan) -> str:
+    """A plan's launches as LARGE_LAUNCHES writes them."""
+    return ", ".join(
+        f"{launch.symbol.removeprefix(f'capsule_{op}_')} {launch.grid[0]}×{launch.block[0]}" for launch in plan.launches
+    )
 
 
 @pytest.mark.parametrize("key", sorted(LARGE_LAUNCHES))
@@ -542,12 +530,8 @@ def test_large_sample_launch_configurations(key):
     128×128, k split in 4, 256 blocks, two per multiprocessor, rather than 64 blocks leaving half
     idle; then the partials' sum)."""
     op, index = key
-    spec = get_spec(op)
-    sample = spec.samples("large", seeded_rng(op, "large"))[index]
-    arrays, p, _ = validate(spec, sample.inputs, sample.params, np.float32)
-    forward, backward = plans.PLANS[op]
-    launches = forward(arrays, p).launches + backward(arrays, p).launches
-    assert [(launch.symbol, launch.grid[0], launch.block[0]) for launch in launches] == LARGE_LAUNCHES[key]
+    sample = get_spec(op).samples("large", seeded_rng(op, "large"))[index]
+    assert tuple(_launch_shapes(op, plan) for plan in fc.case_plans(op, sample)) == LARGE_LAUNCHES[key]
 
 
 SKINNY = [
@@ -581,26 +565,14 @@ def test_skinny_gemms_fill_the_device(op, shapes, direction):
 
 
 def test_planted_launch_faults_are_caught():
-    spec = get_spec("matmul")
-    arrays, p, _ = validate(
-        spec, {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)}, {}, np.float32
-    )
-    plan = plans.PLANS["matmul"][1](arrays, p)
+    _, plan = fc.launch_plans("matmul", {"a": np.zeros((5, 7), np.float32), "b": np.zeros((7, 3), np.float32)})
     launch = plan.launches[0]
-    assert (
-        fc.missed_faults(
-            plan,
-            fc.symbols("matmul"),
-            [
-                ("2048 threads", {"block": (2048, 1, 1)}),
-                ("8 arguments for 9", {"args": launch.args[:-1]}),
-                ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
-                ("needs a buffer", {"args": (5, *launch.args[1:])}),
-                ("not declared", {"symbol": "capsule_linear_bwd_x"}),
-            ],
-        )
-        == []
-    )
+    faults = [
+        ("writable", {"args": ("g", "b", "a", *launch.args[3:])}),
+        ("needs a buffer", {"args": (5, *launch.args[1:])}),
+        ("not declared", {"symbol": "capsule_linear_bwd_x"}),
+    ]
+    assert fc.missed_launch_faults(plan, fc.symbols("matmul"), faults) == []
     mse = get_spec("mse_loss")
     arrays, p, _ = validate(
         mse, {"pred": np.zeros(100_000, np.float32), "target": np.zeros(100_000, np.float32)}, {}, np.float32

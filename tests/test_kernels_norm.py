@@ -212,19 +212,21 @@ def test_plans_are_legal_for_every_sample(op):
     assert fc.plan_case_problems(op, reference_shapes=np.inf, check=_whole_warps_and_inputs_only) == []
 
 
+def _normed_inputs(op: str, shape) -> dict:
+    """x of `shape` (zeros) with gamma ones and beta zeros over the axis the op normalizes along
+    (layer_norm's last, batch_norm's channels): what a plan reads is shapes only."""
+    features = shape[-1] if op == "layer_norm" else shape[1]
+    return {
+        "x": np.zeros(shape, np.float32),
+        "gamma": np.ones(features, np.float32),
+        "beta": np.zeros(features, np.float32),
+    }
+
+
 def test_plans_shape_the_launches_as_the_kernels_expect():
     spec = get_spec("layer_norm")
     for shape, per_block in (((4096, 64), 8), ((10, 256), 8), ((10, 257), 1), ((3, 100_000), 1)):
-        arrays, p, _ = validate(
-            spec,
-            {
-                "x": np.zeros(shape, np.float32),
-                "gamma": np.ones(shape[-1], np.float32),
-                "beta": np.zeros(shape[-1], np.float32),
-            },
-            {},
-            np.float32,
-        )
+        arrays, p, _ = validate(spec, _normed_inputs("layer_norm", shape), {}, np.float32)
         (launch,) = plans.layer_norm_forward(arrays, p).launches
         assert launch.symbol == "capsule_layer_norm_fwd" and launch.block == (plans.BLOCK, 1, 1)
         assert launch.grid[0] == min(plans.MAX_GRID_BLOCKS, -(-shape[0] // per_block))
@@ -244,16 +246,7 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
         ((7, 260), 128, 128),
         ((64, 16384), 1024, 0),
     ):
-        arrays, p, _ = validate(
-            spec,
-            {
-                "x": np.zeros(shape, np.float32),
-                "gamma": np.ones(shape[-1], np.float32),
-                "beta": np.zeros(shape[-1], np.float32),
-            },
-            {},
-            np.float32,
-        )
+        arrays, p, _ = validate(spec, _normed_inputs("layer_norm", shape), {}, np.float32)
         (launch,) = plans.layer_norm_forward(arrays, p).launches
         assert (launch.symbol, launch.block, launch.grid) == (
             "capsule_layer_norm_fwd_wide",
@@ -275,26 +268,9 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
         assert bwd_threads * plans.WIDE_BWD_FLOATS >= shape[-1] and params.args[-1] == parts
         assert bwd.buffer("partial").elements == 2 * parts * shape[-1]
         assert parts == min(shape[0], max(132, min(-(-shape[0] // plans.WIDE_ROW_PART), 132 * (1024 // bwd_threads))))
-    for rows, threads, parts in (
-        (8, 1024, 8),
-        (512, 1024, 132),
-        (4096, 1024, 132),
-        (4096, 512, 264),
-        (2048, 128, 256),
-        (100_000, 128, 1056),
-    ):
-        assert plans.wide_parts(rows, threads) == parts
-    spec = get_spec("batch_norm")
-    arrays, p, _ = validate(
-        spec,
-        {
-            "x": np.zeros((16, 64, 32, 32), np.float32),
-            "gamma": np.ones(64, np.float32),
-            "beta": np.zeros(64, np.float32),
-        },
-        {},
-        np.float32,
-    )
+    wide = [(8, 1024), (512, 1024), (4096, 1024), (4096, 512), (2048, 128), (100_000, 128)]
+    assert [plans.wide_parts(rows, threads) for rows, threads in wide] == [8, 132, 132, 264, 256, 1056]
+    arrays, p, _ = validate(get_spec("batch_norm"), _normed_inputs("batch_norm", (16, 64, 32, 32)), {}, np.float32)
     fwd = plans.batch_norm_forward(arrays, p)
     assert [launch.args[-1] for launch in fwd.launches] == [0, 1, 2]
     assert fwd.launches[0].grid[:2] == (64, fwd.launches[0].args[-3])
@@ -302,27 +278,12 @@ def test_plans_shape_the_launches_as_the_kernels_expect():
 
 
 def test_planted_launch_faults_are_caught():
-    spec = get_spec("batch_norm")
-    arrays, p, _ = validate(
-        spec,
-        {"x": np.zeros((2, 3, 4), np.float32), "gamma": np.ones(3, np.float32), "beta": np.zeros(3, np.float32)},
-        {},
-        np.float32,
-    )
-    plan = plans.batch_norm_forward(arrays, p)
+    plan, _ = fc.launch_plans("batch_norm", _normed_inputs("batch_norm", (2, 3, 4)))
     launch = plan.launches[0]
-    assert (
-        fc.missed_faults(
-            plan,
-            fc.symbols("batch_norm"),
-            [
-                ("2048 threads", {"block": (2048, 1, 1)}),
-                ("12 arguments for 13", {"args": launch.args[:-1]}),
-                ("writable", {"args": ("x", "gamma", "beta", "x", *launch.args[4:])}),
-                ("stage", {"args": (*launch.args[:-1], 0.5)}),
-                ("not declared", {"symbol": "capsule_layer_norm_fwd"}),
-                ("grid dimension 1", {"grid": (3, 70_000, 1)}),
-            ],
-        )
-        == []
-    )
+    faults = [
+        ("writable", {"args": ("x", "gamma", "beta", "x", *launch.args[4:])}),
+        ("stage", {"args": (*launch.args[:-1], 0.5)}),
+        ("not declared", {"symbol": "capsule_layer_norm_fwd"}),
+        ("grid dimension 1", {"grid": (3, 70_000, 1)}),
+    ]
+    assert fc.missed_launch_faults(plan, fc.symbols("batch_norm"), faults) == []

@@ -1,6 +1,7 @@
 """The view family against numpy's own ops, bit for bit, plus what the generic contract tests
 cannot see: no copy for reshape, NaN payloads and −0 carried through, rank 0, the messages."""
 
+import family_checks as fc
 import numpy as np
 import pytest
 
@@ -185,69 +186,44 @@ def test_rank0_through_the_provider():
 
 
 @pytest.mark.parametrize(
-    "op, inputs, params, error, message",
+    "call, message",
     [
         (
-            "reshape",
-            {"x": np.zeros((3, 4))},
-            {"shape": (5, 2)},
-            ParamError,
+            ("reshape", {"x": np.zeros((3, 4))}, {"shape": (5, 2)}, ParamError),
             "reshape: shape: must hold the 12 elements of x (3, 4), got (5, 2) (10 elements)",
         ),
         (
-            "reshape",
-            {"x": np.zeros((3, 4))},
-            {"shape": (-1, -1)},
-            ParamError,
+            ("reshape", {"x": np.zeros((3, 4))}, {"shape": (-1, -1)}, ParamError),
             "reshape: shape: at most one -1 is allowed",
         ),
         (
-            "permute",
-            {"x": np.zeros((2, 3, 4))},
-            {"perm": (0, 2, 2)},
-            ParamError,
+            ("permute", {"x": np.zeros((2, 3, 4))}, {"perm": (0, 2, 2)}, ParamError),
             "permute: perm: must be a permutation of range(3)",
         ),
         (
-            "permute",
-            {"x": np.zeros((2, 3))},
-            {"perm": (0, 1, 2)},
-            ParamError,
+            ("permute", {"x": np.zeros((2, 3))}, {"perm": (0, 1, 2)}, ParamError),
             "permute: perm: must have one entry per axis of x (rank 2)",
         ),
         (
-            "broadcast",
-            {"x": np.zeros((3, 4))},
-            {"shape": (3, 5)},
-            ShapeError,
+            ("broadcast", {"x": np.zeros((3, 4))}, {"shape": (3, 5)}, ShapeError),
             "broadcast: shape: axis 1 of size 5 cannot take axis 1 of x (3, 4)",
         ),
-        ("broadcast", {"x": np.zeros((3, 4))}, {"shape": (4,)}, ParamError, "broadcast: shape: must have rank >="),
+        (("broadcast", {"x": np.zeros((3, 4))}, {"shape": (4,)}, ParamError), "broadcast: shape: must have rank >="),
         (
-            "concat",
-            {"xs": (np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((3, 4)))},
-            {"axis": 1},
-            ShapeError,
+            ("concat", {"xs": (np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((3, 4)))}, {"axis": 1}, ShapeError),
             "concat: xs[2]: must match xs[0] (2, 3) on every axis but 1, got shape (3, 4)",
         ),
-        ("concat", {"xs": []}, {"axis": 0}, ShapeError, "concat: xs: must be a non-empty list"),
+        (("concat", {"xs": []}, {"axis": 0}, ShapeError), "concat: xs: must be a non-empty list"),
         (
-            "slice",
-            {"x": np.zeros((4, 6))},
-            {"axis": 1, "start": 4, "length": 3},
-            ParamError,
+            ("slice", {"x": np.zeros((4, 6))}, {"axis": 1, "start": 4, "length": 3}, ParamError),
             "slice: length: start + length must be <= 6 (the size of axis 1 of x), got 4 + 3",
         ),
         (
-            "slice",
-            {"x": np.zeros((4, 6))},
-            {"axis": -3, "start": 0, "length": 1},
-            ParamError,
+            ("slice", {"x": np.zeros((4, 6))}, {"axis": -3, "start": 0, "length": 1}, ParamError),
             "slice: axis: must be in [-2, 2) for rank 2, got -3",
         ),
     ],
 )
-def test_error_messages_name_argument_and_rule(op, inputs, params, error, message):
-    with pytest.raises(error) as info:
-        reference.forward(op, inputs, **params)
-    assert str(info.value).startswith(message)
+def test_error_messages_name_argument_and_rule(call, message):
+    """call: (op, inputs, params, the error they raise)."""
+    assert fc.refusal(*call).startswith(message)

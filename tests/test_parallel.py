@@ -149,24 +149,15 @@ def test_fuzz_on_two_workers_gives_the_serial_results(tmp_path):
 # -- a worker that dies, Ctrl-C ---------------------------------------------------------------
 
 
-def test_a_killed_worker_is_an_error_of_its_capsule_only(tmp_path):
+def hooked_verify(tmp_path, hook: str, *capsules: str, **popen) -> tuple[subprocess.Popen, Path]:
+    """hooked_cli running `verify CAPSULES --backend numpy --quick --jobs 2 --json REPORT`, and REPORT."""
     report = tmp_path / "report.json"
-    proc = hooked_cli(
-        tmp_path,
-        "kill:native_cuda.exp",
-        "verify",
-        "relu",
-        "exp",
-        "softmax",
-        "gather",
-        "--backend",
-        "numpy",
-        "--quick",
-        "--jobs",
-        "2",
-        "--json",
-        str(report),
-    )
+    args = ("--backend", "numpy", "--quick", "--jobs", "2", "--json", str(report))
+    return hooked_cli(tmp_path, hook, "verify", *capsules, *args, **popen), report
+
+
+def test_a_killed_worker_is_an_error_of_its_capsule_only(tmp_path):
+    proc, report = hooked_verify(tmp_path, "kill:native_cuda.exp", "relu", "exp", "softmax", "gather")
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 1, stderr
     capsules = json.loads(report.read_text())["capsules"]
@@ -218,22 +209,8 @@ def _interruptible() -> None:
 
 
 def test_ctrl_c_writes_the_partial_report_and_ends_the_workers(tmp_path):
-    report = tmp_path / "report.json"
-    proc = hooked_cli(
-        tmp_path,
-        "hang:native_cuda.exp",
-        "verify",
-        "relu",
-        "exp",
-        "--backend",
-        "numpy",
-        "--quick",
-        "--jobs",
-        "2",
-        "--json",
-        str(report),
-        start_new_session=True,
-        preexec_fn=_interruptible,
+    proc, report = hooked_verify(
+        tmp_path, "hang:native_cuda.exp", "relu", "exp", start_new_session=True, preexec_fn=_interruptible
     )
     marks = tmp_path / "marks"
     deadline = time.monotonic() + 240

@@ -5,6 +5,7 @@ from xml.etree import ElementTree
 
 import numpy as np
 import pytest
+from mutants import DYNAMIC_CHECKS
 from typer.testing import CliRunner
 
 from capsule_core.backends.execution import GUARD_ELEMENTS, SENTINEL, BackendRun, GuardedOutput
@@ -13,25 +14,16 @@ from capsule_core.catalog import registry
 from capsule_core.verify import engine
 from cli.app import app
 
-DYNAMIC = (
-    "shape.guard",
-    "value",
-    "value.special",
-    "vjp",
-    "vjp.reference",
-    "reduction.order",
-    "determinism",
-    "rng",
-    "selection.ties",
-    "bounds",
-    "inputs.intact",
-)
 runner = CliRunner()
 
 
 def statuses(op, backend=None, **kwargs):
     report = engine.verify_capsule(
-        registry.lookup(op), backend or NumpyBackend(), quick=True, checks=kwargs.pop("checks", DYNAMIC), **kwargs
+        registry.lookup(op),
+        backend or NumpyBackend(),
+        quick=True,
+        checks=kwargs.pop("checks", DYNAMIC_CHECKS),
+        **kwargs,
     )
     return {r.check: r for r in report.results}
 
@@ -131,7 +123,7 @@ def test_cli_auto_says_which_backend_and_writes_json_and_junit(tmp_path, machine
             str(json_file),
             "--junit",
             str(junit_file),
-            *[a for c in DYNAMIC for a in ("--check", c)],
+            *[a for c in DYNAMIC_CHECKS for a in ("--check", c)],
         ],
     )
     assert result.stderr.startswith("backend auto -> emu: no GPU here")

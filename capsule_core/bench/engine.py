@@ -291,7 +291,21 @@ reference cases up to 128 MiB take under a second a call (softmax 4096x4096, lin
 next ones 5 to 10 s (matmul 4096^3 at 192 MiB, max_pool's backward) and conv's 0.8 GB about a minute."""
 
 
-class NumpyDevice:
+class BenchDevice:
+    """What the bench devices share: the facts a report records of its device."""
+
+    def facts(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "description": self.description,
+            "timer": self.timer,
+            "cache_bytes": self.cache_bytes,
+            "memory_bytes": self.total_bytes,
+        }
+
+
+class NumpyDevice(BenchDevice):
     """The numpy float32 provider on the CPU, timed with wall-clock timers."""
 
     kind = "cpu"
@@ -357,18 +371,10 @@ class NumpyDevice:
         pass
 
     def facts(self) -> dict:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "description": self.description,
-            "timer": self.timer,
-            "cache_bytes": self.cache_bytes,
-            "memory_bytes": self.total_bytes,
-            "processor": platform.processor(),
-        }
+        return {**super().facts(), "processor": platform.processor()}
 
 
-class CudaDevice:
+class CudaDevice(BenchDevice):
     """A capsule's launch plan on the GPU, timed with CUDA events (capsule_core.backends.cuda)."""
 
     kind = "cuda"
@@ -446,16 +452,7 @@ class CudaDevice:
         self.gpu.release()
 
     def facts(self) -> dict:
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "description": self.description,
-            "timer": self.timer,
-            "cache_bytes": self.cache_bytes,
-            "memory_bytes": self.total_bytes,
-            "multiprocessors": self.gpu.multiprocessors,
-            "arch": self.backend.arch,
-        }
+        return {**super().facts(), "multiprocessors": self.gpu.multiprocessors, "arch": self.backend.arch}
 
 
 def device_for(backend):
@@ -956,15 +953,8 @@ def run(
 ) -> BenchReport:
     """Time every sample of each capsule at settings.size on `device`, with the baselines."""
     target_bytes = resolve_target(settings.size, device)
-    return _run(
-        [_sized_workload(c, settings, target_bytes) for c in capsules],
-        device,
-        settings,
-        backend_note,
-        target_bytes,
-        progress,
-        libraries,
-    )
+    work = [_sized_workload(c, settings, target_bytes) for c in capsules]
+    return _run(work, device, settings, backend_note, target_bytes, progress, libraries)
 
 
 def run_suite(
@@ -979,15 +969,8 @@ def run_suite(
     """Time each case of a bench_suites.Suite at its own shapes (never resized) and in its
     direction, with the baselines. settings.size is ignored: the run is recorded as the suite's."""
     settings = replace(settings, size=Size("suite", suite.name), suite=suite.name)
-    return _run(
-        [_suite_workload(case, device, settings) for case in suite.cases],
-        device,
-        settings,
-        backend_note,
-        None,
-        progress,
-        libraries,
-    )
+    work = [_suite_workload(case, device, settings) for case in suite.cases]
+    return _run(work, device, settings, backend_note, None, progress, libraries)
 
 
 def _run(

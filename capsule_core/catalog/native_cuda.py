@@ -123,6 +123,22 @@ def _row_kernels(*scores: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     )
 
 
+def _conv_kernels(flat: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """conv's and conv_transpose's entry points (cuda/conv_pool.cu): the same implicit GEMMs, but
+    for the pass with a flat variant (a correlation over < 16 channels): "fwd" or "bwd_x"."""
+    kernels = (
+        ("fwd_pack", _PACK),
+        ("fwd", _in("x", "packed", "b") + _out("y") + _CONV),
+        ("bwd_x_pack", _PACK),
+        ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
+        ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
+        ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
+        ("bwd_b", _in("g") + _out("db") + _CONV),
+    )
+    at = [name for name, _ in kernels].index(flat) + 1
+    return kernels[:at] + ((f"{flat}_flat", kernels[at - 1][1]),) + kernels[at:]
+
+
 _OPS: dict[BackendOp, _Op] = {
     BackendOp.MATMUL: _Op(
         "linalg",
@@ -452,16 +468,7 @@ _OPS: dict[BackendOp, _Op] = {
         "Native CUDA generic channel-first convolution.",
         "Cross-correlation of x (N, Ci, …) with w (Co, Ci, k…) plus b, spatial rank 1 to 3, per-axis stride and zero padding.",
         "dx, dw and db of the cross-correlation, as PyTorch's convNd.",
-        (
-            ("fwd_pack", _PACK),
-            ("fwd", _in("x", "packed", "b") + _out("y") + _CONV),
-            ("fwd_flat", _in("x", "packed", "b") + _out("y") + _CONV),
-            ("bwd_x_pack", _PACK),
-            ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
-            ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
-            ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
-            ("bwd_b", _in("g") + _out("db") + _CONV),
-        ),
+        _conv_kernels(flat="fwd"),
         TensorLayout.CHANNEL_FIRST,
     ),
     BackendOp.CONV_TRANSPOSE: _Op(
@@ -469,16 +476,7 @@ _OPS: dict[BackendOp, _Op] = {
         "Native CUDA generic channel-first transpose convolution.",
         "The adjoint of conv in x applied to x (N, Ci, …) with w (Ci, Co, k…), plus b; length (in − 1)·s + k − 2p.",
         "dx, dw and db of the transposed convolution, as PyTorch's conv_transposeNd.",
-        (
-            ("fwd_pack", _PACK),
-            ("fwd", _in("x", "packed", "b") + _out("y") + _CONV),
-            ("bwd_x_pack", _PACK),
-            ("bwd_x", _in("g", "packed") + _out("dx") + _CONV),
-            ("bwd_x_flat", _in("g", "packed") + _out("dx") + _CONV),
-            ("bwd_w", _in("x", "g") + _out("dw", "partial") + _CONV + ("int64_t splits",)),
-            ("bwd_wsum", _in("partial") + _out("dw") + ("int64_t count", "int64_t splits")),
-            ("bwd_b", _in("g") + _out("db") + _CONV),
-        ),
+        _conv_kernels(flat="bwd_x"),
         TensorLayout.CHANNEL_FIRST,
     ),
     BackendOp.MAX_POOL: _Op(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -137,15 +137,22 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def _assignments(option: str, texts: Sequence[str], form: str) -> Iterator[tuple[str, str, str]]:
+    """(text, name, value text) of each NAME=VALUE text of `option`, in order; PlanRequestError
+    naming `form` (how to write one) for a text without a name or an "="."""
+    for text in texts:
+        name, sep, value = text.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise PlanRequestError(f"{option} {text}: write {form}")
+        yield text, name, value
+
+
 def parse_inputs(spec: OpSpec, texts: Sequence[str]) -> dict[str, Any]:
     """NAME=SHAPE texts as {name: shape}; a list input (concat's xs) collects its repeats."""
     variadic = {t.name for t in spec.inputs if t.variadic}
     shapes: dict[str, Any] = {}
-    for text in texts:
-        name, sep, shape_text = text.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise PlanRequestError(f"--input {text}: write NAME=SHAPE, e.g. x=8x4096")
+    for text, name, shape_text in _assignments("--input", texts, "NAME=SHAPE, e.g. x=8x4096"):
         try:
             shape = parse_shape(shape_text)
         except ValueError as exc:
@@ -190,11 +197,7 @@ def parse_params(spec: OpSpec, texts: Sequence[str]) -> dict[str, Any]:
     """K=V texts as {name: value}, each parsed by the kind the op's parameter schema gives it."""
     kinds = {p.name: p.kind for p in spec.params}
     params: dict[str, Any] = {}
-    for text in texts:
-        name, sep, value = text.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise PlanRequestError(f"--param {text}: write K=V, e.g. padding=1")
+    for _, name, value in _assignments("--param", texts, "K=V, e.g. padding=1"):
         if name not in kinds:
             allowed = ", ".join(kinds) or "none"
             raise ParamError(spec.name, name, f"unknown parameter (allowed: {allowed})")

@@ -45,7 +45,7 @@ from capsule_core.errors import CapsuleError, InputError
 from capsule_core.model import KernelCapsule
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import OpSpec, Sample, numel, seeded_rng, shapes_of, validate
-from capsule_core.verify.engine import Session, Status, interrupted_exit_code
+from capsule_core.verify.engine import Session, Status, StoppableRun, interrupted_exit_code
 from capsule_core.verify.numerics import FLT_MAX
 
 MAX_ELEMENTS = 1 << 16
@@ -181,7 +181,7 @@ class CapsuleFuzz:
 
 
 @dataclass
-class FuzzReport:
+class FuzzReport(StoppableRun):
     backend: str
     backend_note: str
     seed: int
@@ -194,12 +194,6 @@ class FuzzReport:
     not_run: list[str] = field(default_factory=list)
     poisoned: bool = False
     seconds: float = 0.0
-
-    def stop(self, signal_name: str, asked) -> None:
-        """Record an interruption by `signal_name`: the capsules of `asked` without a result are not run."""
-        self.interrupted, self.stopped_by = True, signal_name
-        done = {c.capsule for c in self.capsules}
-        self.not_run = [c.name for c in asked if c.name not in done]
 
     @property
     def failures(self) -> list[Failure]:

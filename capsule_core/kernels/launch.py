@@ -137,6 +137,15 @@ def grid_1d(n: int, block: int = 256, max_blocks: int = 132 * 32) -> tuple[tuple
     return (blocks, 1, 1), (block, 1, 1)
 
 
+def warp_lanes(n: int) -> int:
+    """The lanes of a warp that share one row or segment of n elements on a group path: the least
+    power of two >= n, at most 32 (capsule_softmax_lanes and capsule_reduce_lanes alike)."""
+    lanes = 1
+    while lanes < 32 and lanes < n:
+        lanes *= 2
+    return lanes
+
+
 # -- the C types of declared parameters ---------------------------------------------------
 
 _PARAM = re.compile(

@@ -56,22 +56,18 @@ class ArchLimits:
         return self.max_threads_per_sm // self.warp_size
 
 
-ARCHES = {
-    "sm_80": ArchLimits(
-        "sm_80",
+def _ampere_or_hopper(arch: str, shared_per_sm_kib: int, shared_per_block_optin_kib: int) -> ArchLimits:
+    """sm_80 and sm_90 alike hold 2048 threads and 32 blocks per SM; their shared memory differs."""
+    return ArchLimits(
+        arch,
         max_threads_per_sm=2048,
         max_blocks_per_sm=32,
-        shared_per_sm=164 * KIB,
-        shared_per_block_optin=163 * KIB,
-    ),
-    "sm_90": ArchLimits(
-        "sm_90",
-        max_threads_per_sm=2048,
-        max_blocks_per_sm=32,
-        shared_per_sm=228 * KIB,
-        shared_per_block_optin=227 * KIB,
-    ),
-}
+        shared_per_sm=shared_per_sm_kib * KIB,
+        shared_per_block_optin=shared_per_block_optin_kib * KIB,
+    )
+
+
+ARCHES = {"sm_80": _ampere_or_hopper("sm_80", 164, 163), "sm_90": _ampere_or_hopper("sm_90", 228, 227)}
 """The architectures the kernels are built for (capsule_core.kernels.nvcc.ARCHES): A100 (sm_80) and
 H100/H200 (sm_90)."""
 

@@ -411,6 +411,32 @@ def f32(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float32)
 
 
+def zeros_error_case(case: str, shapes: Mapping[str, Any], error: type[InputError], match: str, params=None):
+    """An ErrorCase whose inputs are float32 zeros of `shapes` (in that order): for a rule on shapes
+    or parameters, where the values do not matter."""
+    inputs = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    return ErrorCase(Sample(inputs, {} if params is None else params, case), error, match)
+
+
+def absolute_inputs(arrays: Arrays) -> dict:
+    """Every input as |v| in float64: the operands of a formula evaluated on absolute values (M)."""
+    return {name: np.abs(np.asarray(v, dtype=np.float64)) for name, v in arrays.items()}
+
+
+def on_absolute_values(forward: Callable[[Arrays, Params], Any]) -> Callable[[Arrays, Params, Any], Any]:
+    """The magnitude M of a formula that is a sum of products (no cancellation of its own to
+    bound): the formula itself on |inputs|."""
+    return lambda a, p, y: forward(absolute_inputs(a), p)
+
+
+def vjp_on_absolute_values(
+    vjp: Callable[[Arrays, Params, Any, Any], dict],
+) -> Callable[[Arrays, Params, Any, Any], dict]:
+    """vjp_magnitude for a VJP that is a sum of products and does not read y: the VJP itself on
+    |inputs| and |g|."""
+    return lambda a, p, y, g: vjp(absolute_inputs(a), p, None, np.abs(np.asarray(g, dtype=np.float64)))
+
+
 SPECIAL_VALUES = np.array(
     [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 1.1754942e-38, 3e38, -3e38, 0.5, 2.0],
     dtype=np.float32,

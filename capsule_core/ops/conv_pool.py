@@ -178,14 +178,6 @@ def _conv_vjp(a, p, y, g):
     }
 
 
-def _conv_magnitude(a, p, y):
-    return _conv({"x": _abs(a["x"]), "w": _abs(a["w"]), "b": _abs(a["b"])}, p)
-
-
-def _conv_vjp_magnitude(a, p, y, g):
-    return _conv_vjp({"x": _abs(a["x"]), "w": _abs(a["w"])}, p, None, _abs(g))
-
-
 def _transposed(x, w, stride, padding):
     """conv_transpose without bias: the adjoint of conv in x, (N, Co, *out)."""
     sizes = tuple(_transposed_len(n, k, s, q) for n, k, s, q in zip(x.shape[2:], w.shape[2:], stride, padding))
@@ -212,14 +204,6 @@ def _conv_transpose_vjp(a, p, y, g):
         return {"x": np.zeros_like(x), "w": np.zeros_like(w), "b": _channel_sum(g)}
     gp = _pad(g, padding)
     return {"x": _correlate(gp, w, stride), "w": _weight_grad(x, gp, w.shape[2:], stride), "b": _channel_sum(g)}
-
-
-def _conv_transpose_magnitude(a, p, y):
-    return _conv_transpose({"x": _abs(a["x"]), "w": _abs(a["w"]), "b": _abs(a["b"])}, p)
-
-
-def _conv_transpose_vjp_magnitude(a, p, y, g):
-    return _conv_transpose_vjp({"x": _abs(a["x"]), "w": _abs(a["w"])}, p, None, _abs(g))
 
 
 def _kernel_volume(shapes) -> int:
@@ -385,8 +369,7 @@ def _conv_errors(op: str, transposed: bool):
         return (ci, co, *k) if transposed else (co, ci, *k)
 
     def case(i, x, w, b, params, error, match):
-        inputs = {"x": np.zeros(x, np.float32), "w": np.zeros(w, np.float32), "b": np.zeros(b, np.float32)}
-        return base.ErrorCase(base.Sample(inputs, params, f"error-{i}"), error, match)
+        return base.zeros_error_case(f"error-{i}", {"x": x, "w": w, "b": b}, error, match, params)
 
     rows = [
         ((2, 4), w_shape(4, 3, 2), (3,), {}, ShapeError, r"x: must have rank 3 to 5"),
@@ -434,10 +417,9 @@ def _conv_errors(op: str, transposed: bool):
     return errors
 
 
-def _conv_spec(
-    name: str, transposed: bool, *, forward, vjp, magnitude, vjp_magnitude, error, vjp_error, sizes, edges, doc: str
-) -> base.OpSpec:
-    """conv and conv_transpose: the same inputs and parameters; w's first two axes swap roles."""
+def _conv_spec(name: str, transposed: bool, *, sizes, edges, doc: str, **reference) -> base.OpSpec:
+    """conv and conv_transpose: the same inputs and parameters; w's first two axes swap roles.
+    `reference` is the op's forward, vjp, magnitude, vjp_magnitude, error and vjp_error."""
     w_rank = "(Ci, Co, *kernel)" if transposed else "(Co, Ci, *kernel)"
     rule = "(N, Co, *[max(0, (in-1)*s + k - 2p)])" if transposed else "(N, Co, *[(in + 2p - k)//s + 1, or 0])"
     shape_rule = _conv_shape_rule(name, transposed)
@@ -452,12 +434,7 @@ def _conv_spec(
         params=(STRIDE, PADDING),
         shape_rule=rule,
         shape=shape_rule,
-        forward=forward,
-        vjp=vjp,
-        magnitude=magnitude,
-        vjp_magnitude=vjp_magnitude,
-        error=error,
-        vjp_error=vjp_error,
+        **reference,
         cost=_conv_cost(shape_rule, transposed),
         samples=_conv_samples(sizes, transposed),
         edges=_conv_edges(name, transposed, edges),
@@ -472,8 +449,8 @@ CONV = _conv_spec(
     False,
     forward=_conv,
     vjp=_conv_vjp,
-    magnitude=_conv_magnitude,
-    vjp_magnitude=_conv_vjp_magnitude,
+    magnitude=base.on_absolute_values(_conv),
+    vjp_magnitude=base.vjp_on_absolute_values(_conv_vjp),
     error=base.Accumulation(
         2,
         "Ci*prod(k) products plus the bias summed: n = Ci*prod(k) + 1; the product rounding and one spare",
@@ -497,8 +474,8 @@ CONV_TRANSPOSE = _conv_spec(
     True,
     forward=_conv_transpose,
     vjp=_conv_transpose_vjp,
-    magnitude=_conv_transpose_magnitude,
-    vjp_magnitude=_conv_transpose_vjp_magnitude,
+    magnitude=base.on_absolute_values(_conv_transpose),
+    vjp_magnitude=base.vjp_on_absolute_values(_conv_transpose_vjp),
     error=base.Accumulation(
         2,
         "each output sums at most Ci*prod(k) products x*w plus the bias",
@@ -841,12 +818,6 @@ def _pool_spec(
     name: str,
     *,
     params,
-    forward,
-    vjp,
-    magnitude,
-    vjp_magnitude,
-    error,
-    vjp_error,
     flops_per_cell: int,
     flops_per_output: int,
     samples,
@@ -854,8 +825,11 @@ def _pool_spec(
     errors,
     doc: str,
     order_inputs=None,
-    **selection,
+    **fields,
 ) -> base.OpSpec:
+    """The pools' factory. `fields`: the rest of the op's OpSpec fields, as OpSpec takes them: its
+    forward, vjp, magnitude, vjp_magnitude, error and vjp_error, and a selection's rule, windows
+    and tie cases."""
     return base.OpSpec(
         name=name,
         family="conv_pool",
@@ -863,19 +837,13 @@ def _pool_spec(
         params=params,
         shape_rule="(N, C, *[(in + 2p - k)//s + 1, or 0])",
         shape=_pool_shape_rule(name),
-        forward=forward,
-        vjp=vjp,
-        magnitude=magnitude,
-        vjp_magnitude=vjp_magnitude,
-        error=error,
-        vjp_error=vjp_error,
+        **fields,
         cost=_pool_cost(name, flops_per_cell, flops_per_output),
         samples=samples,
         edges=edges,
         errors=errors,
         order_inputs=order_inputs,
         doc=doc,
-        **selection,
     )
 
 
@@ -942,8 +910,8 @@ AVG_POOL = _pool_spec(
     params=POOL_PARAMS,
     forward=_avg_pool,
     vjp=_avg_pool_vjp,
-    magnitude=lambda a, p, y: _avg_pool({"x": _abs(a["x"])}, p),
-    vjp_magnitude=lambda a, p, y, g: _avg_pool_vjp({"x": _abs(a["x"])}, p, None, _abs(g)),
+    magnitude=base.on_absolute_values(_avg_pool),
+    vjp_magnitude=base.vjp_on_absolute_values(_avg_pool_vjp),
     error=base.Accumulation(
         2, "a K-term sum (n = kernel volume), then the division (or * 1/K: two roundings)", _volume
     ),

@@ -38,10 +38,7 @@ def _sampler(sizes: dict):
 
 
 def _errors(cases):
-    return lambda: [
-        base.ErrorCase(base.Sample({k: np.zeros(s, np.float32) for k, s in shapes.items()}, {}, f"error-{i}"), e, m)
-        for i, (shapes, e, m) in enumerate(cases)
-    ]
+    return lambda: [base.zeros_error_case(f"error-{i}", shapes, e, m) for i, (shapes, e, m) in enumerate(cases)]
 
 
 def _order_rows() -> np.ndarray:

@@ -122,12 +122,6 @@ def pointwise(
     name: str,
     *,
     inputs: tuple[str, ...],
-    forward,
-    vjp,
-    magnitude,
-    vjp_magnitude,
-    error,
-    vjp_error,
     flops: int,
     params: tuple[base.Param, ...] = (),
     draw=_normal(),
@@ -138,9 +132,11 @@ def pointwise(
     extra_errors=(),
     check_params=None,
     doc: str = "",
+    **reference,
 ) -> base.OpSpec:
-    """The family factory. `flops` counts floating-point operations per element (cost model;
-    a library function counts as one); `check_params(params)` raises ParamError for range
+    """The family factory. `reference` is the op's forward, vjp, magnitude, vjp_magnitude, error
+    and vjp_error, as OpSpec takes them. `flops` counts floating-point operations per element (cost
+    model; a library function counts as one); `check_params(params)` raises ParamError for range
     rules beyond the generic type check. `draw` makes the medium samples and, unless given their
     own, the small ones (finite differences: keep them off kinks and domain edges) and the large
     ones (forward only: they may span a wider range; medium ones feed the adjoint identity, whose
@@ -164,12 +160,7 @@ def pointwise(
         params=params,
         shape_rule=f"shape of {inputs[0]}",
         shape=shape,
-        forward=forward,
-        vjp=vjp,
-        magnitude=magnitude,
-        vjp_magnitude=vjp_magnitude,
-        error=error,
-        vjp_error=vjp_error,
+        **reference,
         cost=cost,
         samples=_samples(
             inputs, {"small": small_draw or draw, "medium": draw, "large": large_draw or draw}, sample_params

@@ -17,7 +17,6 @@ GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 MASK64 = 2**64 - 1
 
-EXACT = base.Exact("an integer times 2^-24 below 1 is exactly representable in float32")
 SHAPES = {"small": ((7,), (3, 5)), "medium": ((64, 129),), "large": ((2048, 1025),)}
 """Sample shapes per size: odd and non-power-of-two, up to 2M elements."""
 
@@ -136,7 +135,7 @@ def _random_op(
         shape=shape,
         forward=forward,
         magnitude=lambda inputs, p, y: np.abs(y),
-        error=EXACT,
+        error=base.Exact("an integer times 2^-24 below 1 is exactly representable in float32"),
         cost=cost,
         samples=samples,
         edges=edges,

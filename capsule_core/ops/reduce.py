@@ -168,20 +168,9 @@ def _cost(extra_flops_per_output: int):
     return cost
 
 
-def reduction(
-    name: str,
-    *,
-    forward,
-    vjp,
-    magnitude,
-    vjp_magnitude,
-    error,
-    vjp_error,
-    left_fold,
-    extra_flops_per_output: int,
-    doc: str,
-) -> base.OpSpec:
-    """The family factory: one input x, the axis parameter, the shape rule above."""
+def reduction(name: str, *, left_fold, extra_flops_per_output: int, doc: str, **reference) -> base.OpSpec:
+    """The family factory: one input x, the axis parameter, the shape rule above. `reference` is
+    the op's forward, vjp, magnitude, vjp_magnitude, error and vjp_error, as OpSpec takes them."""
     return base.OpSpec(
         name=name,
         family="reduce",
@@ -189,12 +178,7 @@ def reduction(
         params=(AXIS,),
         shape_rule="x.shape without axis; () for axis=None",
         shape=_shape(name),
-        forward=forward,
-        vjp=vjp,
-        magnitude=magnitude,
-        vjp_magnitude=vjp_magnitude,
-        error=error,
-        vjp_error=vjp_error,
+        **reference,
         cost=_cost(extra_flops_per_output),
         samples=_samples,
         edges=_edges(name),

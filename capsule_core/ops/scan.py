@@ -66,18 +66,9 @@ def _vjp(a, p, y, g):
     }
 
 
-def _absolute(a) -> dict:
-    return {k: np.abs(np.asarray(v, dtype=np.float64)) for k, v in a.items()}
-
-
-def _magnitude(a, p, y):
-    """The recurrence on absolute values: M[t] = |A[t]|·M[t−1] + |Bc[t]|·|X[t]|, M[−1] = |h0|."""
-    return _forward(_absolute(a), p)
-
-
 def _vjp_magnitude(a, p, y, g):
     """The reverse recurrence on |g| and |A|, times the forward magnitudes of h[t−1], |X|, |Bc|."""
-    m = _absolute(a)
+    m = base.absolute_inputs(a)
     return _vjp(m, p, _forward(m, p), np.abs(np.asarray(g, dtype=np.float64)))
 
 
@@ -141,14 +132,14 @@ def _samples(size, rng):
 
 
 EDGES = (
-    # (B, T, D, form of a, form of b, case, |A| range)
-    (2, 0, 3, "shared", "shared", "edge-empty-time-shared", (0.5, 1.0)),
-    (2, 0, 3, "token", "token", "edge-empty-time-token", (0.5, 1.0)),
-    (0, 7, 3, "shared", "token", "edge-empty-batch", (0.5, 1.0)),
-    (2, 7, 0, "token", "shared", "edge-no-channels", (0.5, 1.0)),
-    (3, 1, 5, "token", "token", "edge-one-step", (0.5, 1.0)),
-    (1, 33, 1, "shared", "shared", "edge-one-channel", (0.5, 1.0)),
-    (2, 33, 3, "token", "shared", "edge-token-a-shared-b", (0.5, 1.0)),
+    # (B, T, D, form of a, form of b, case[, |A| range where not _case's (0.5, 1.0)])
+    (2, 0, 3, "shared", "shared", "edge-empty-time-shared"),
+    (2, 0, 3, "token", "token", "edge-empty-time-token"),
+    (0, 7, 3, "shared", "token", "edge-empty-batch"),
+    (2, 7, 0, "token", "shared", "edge-no-channels"),
+    (3, 1, 5, "token", "token", "edge-one-step"),
+    (1, 33, 1, "shared", "shared", "edge-one-channel"),
+    (2, 33, 3, "token", "shared", "edge-token-a-shared-b"),
     (2, 257, 6, "shared", "shared", "edge-unit-decay-shared", (1.0, 1.0)),
     (2, 257, 6, "token", "token", "edge-unit-decay-token", (1.0, 1.0)),
     (2, 65, 4, "token", "shared", "edge-zero-decay", (0.0, 0.0)),
@@ -159,8 +150,8 @@ EDGES = (
 
 def _edges():
     return [
-        _case(base.seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, decay)
-        for b, t, d, fa, fb, case, decay in EDGES
+        _case(base.seeded_rng("selective_scan", case), b, t, d, fa, fb, case, True, *decay)
+        for b, t, d, fa, fb, case, *decay in EDGES
     ]
 
 
@@ -173,13 +164,7 @@ def _order_inputs() -> list[base.Sample]:
 
 
 def _error(case, argument, pattern, x=(2, 5, 3), a=(3,), b=(3,), h0=(2, 3)) -> base.ErrorCase:
-    inputs = {
-        "x": np.zeros(x, np.float32),
-        "a": np.zeros(a, np.float32),
-        "b": np.zeros(b, np.float32),
-        "h0": np.zeros(h0, np.float32),
-    }
-    return base.ErrorCase(base.Sample(inputs, {}, case), ShapeError, rf"{argument}: {pattern}")
+    return base.zeros_error_case(case, {"x": x, "a": a, "b": b, "h0": h0}, ShapeError, rf"{argument}: {pattern}")
 
 
 def _errors():
@@ -220,7 +205,8 @@ SELECTIVE_SCAN = base.OpSpec(
     shape=_shape,
     forward=_forward,
     vjp=_vjp,
-    magnitude=_magnitude,
+    # M: the recurrence on absolute values, M[t] = |A[t]|·M[t−1] + |Bc[t]|·|X[t]|, M[−1] = |h0|
+    magnitude=base.on_absolute_values(_forward),
     vjp_magnitude=_vjp_magnitude,
     # Near the subnormals M is right (float32 A·h + Bc·X meets it); a chunked scan's Π A must not underflow.
     error=base.Accumulation(

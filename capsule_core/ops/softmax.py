@@ -186,22 +186,10 @@ def _order_inputs(masked: bool):
 
 
 def row_op(
-    name: str,
-    *,
-    inputs: tuple[base.Tensor, ...],
-    forward,
-    vjp,
-    magnitude,
-    vjp_magnitude,
-    error,
-    vjp_error,
-    cost,
-    samples,
-    edges,
-    errors,
-    doc: str,
+    name: str, *, inputs: tuple[base.Tensor, ...], cost, samples, edges, errors, doc: str, **reference
 ) -> base.OpSpec:
-    """The family factory: x (…, D) with D ≥ 1, and an optional mask of x's shape."""
+    """The family factory: x (…, D) with D ≥ 1, and an optional mask of x's shape. `reference` is
+    the op's forward, vjp, magnitude, vjp_magnitude, error and vjp_error, as OpSpec takes them."""
 
     def shape(shapes, params):
         _check_rows(name, shapes)
@@ -216,12 +204,7 @@ def row_op(
         params=(),
         shape_rule="shape of x",
         shape=shape,
-        forward=forward,
-        vjp=vjp,
-        magnitude=magnitude,
-        vjp_magnitude=vjp_magnitude,
-        error=error,
-        vjp_error=vjp_error,
+        **reference,
         cost=cost,
         samples=samples,
         edges=edges,

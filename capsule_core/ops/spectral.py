@@ -107,18 +107,6 @@ def _vjp(a, p, y, g, absolute=False):
     }
 
 
-def _absolute(a) -> dict:
-    return {k: np.abs(np.asarray(v, dtype=np.float64)) for k, v in a.items()}
-
-
-def _magnitude(a, p, y):
-    return _forward(_absolute(a), p, absolute=True)
-
-
-def _vjp_magnitude(a, p, y, g):
-    return _vjp(_absolute(a), p, y, np.abs(np.asarray(g, dtype=np.float64)), absolute=True)
-
-
 def _shape(shapes, p):
     base.require_rank("fft_fno", "x", shapes["x"], 3, 3)
     batch, grid, c_in = shapes["x"]
@@ -215,12 +203,8 @@ def _order_inputs() -> list[base.Sample]:
 
 
 def _error(case, x_shape, w_re_shape, w_im_shape, argument, pattern) -> base.ErrorCase:
-    inputs = {
-        "x": np.zeros(x_shape, np.float32),
-        "w_re": np.zeros(w_re_shape, np.float32),
-        "w_im": np.zeros(w_im_shape, np.float32),
-    }
-    return base.ErrorCase(base.Sample(inputs, {}, case), ShapeError, rf"{argument}: .*{pattern}")
+    shapes = {"x": x_shape, "w_re": w_re_shape, "w_im": w_im_shape}
+    return base.zeros_error_case(case, shapes, ShapeError, rf"{argument}: .*{pattern}")
 
 
 def _errors():
@@ -260,8 +244,10 @@ FFT_FNO = base.OpSpec(
     shape=_shape,
     forward=_forward,
     vjp=_vjp,
-    magnitude=_magnitude,
-    vjp_magnitude=_vjp_magnitude,
+    magnitude=lambda a, p, y: _forward(base.absolute_inputs(a), p, absolute=True),
+    vjp_magnitude=lambda a, p, y, g: _vjp(
+        base.absolute_inputs(a), p, y, np.abs(np.asarray(g, dtype=np.float64)), absolute=True
+    ),
     error=base.Accumulation(
         16,
         "3 products, 2 twiddles (sinf/cosf 2 ulp + 2 argument roundings each), 1/G scale 2 -> 13, "

@@ -37,10 +37,14 @@ def _abs(a) -> np.ndarray:
     return np.abs(np.asarray(a, dtype=np.float64))
 
 
-def _copy_cost(shapes, p) -> base.Cost:
-    """A single-input copy: every output element read once and written once."""
-    n = base.numel(shapes["x"])
-    return base.Cost(bytes_read=4 * n, bytes_written=4 * n, flops=0)
+def _copy_cost(shape_rule):
+    """The cost of a copy: every output element (of `shape_rule`'s shape) read once and written once."""
+
+    def cost(shapes, p) -> base.Cost:
+        n = base.numel(shape_rule(shapes, p))
+        return base.Cost(bytes_read=4 * n, bytes_written=4 * n, flops=0)
+
+    return cost
 
 
 def _specials(shape) -> np.ndarray:
@@ -227,7 +231,7 @@ PERMUTE = base.OpSpec(
     vjp_magnitude=lambda a, p, y, g: {"x": np.transpose(_abs(g), _inverse(p["perm"]))},
     error=COPY,
     vjp_error=COPY,
-    cost=_copy_cost,
+    cost=_copy_cost(_permute_shape),
     samples=_permute_samples,
     edges=_permute_edges,
     errors=_permute_errors,
@@ -436,11 +440,7 @@ CONCAT = base.OpSpec(
     vjp_magnitude=lambda a, p, y, g: _concat_vjp(a, p, y, _abs(g)),
     error=COPY,
     vjp_error=COPY,
-    cost=lambda shapes, p: base.Cost(
-        bytes_read=4 * sum(base.numel(s) for s in shapes["xs"]),
-        bytes_written=4 * sum(base.numel(s) for s in shapes["xs"]),
-        flops=0,
-    ),
+    cost=_copy_cost(_concat_shape),
     samples=_concat_samples,
     edges=_concat_edges,
     errors=_concat_errors,
@@ -547,11 +547,7 @@ SLICE = base.OpSpec(
     vjp_magnitude=lambda a, p, y, g: _slice_vjp(a, p, y, _abs(g)),
     error=COPY,
     vjp_error=base.Exact("a copy into zeros"),
-    cost=lambda shapes, p: base.Cost(
-        bytes_read=4 * base.numel(_slice_shape(shapes, p)),
-        bytes_written=4 * base.numel(_slice_shape(shapes, p)),
-        flops=0,
-    ),
+    cost=_copy_cost(_slice_shape),
     samples=_slice_samples,
     edges=_slice_edges,
     errors=_slice_errors,

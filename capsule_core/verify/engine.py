@@ -67,8 +67,20 @@ class CapsuleReport:
         return next((s for s in SEVERITY if s in present), Status.SKIPPED)
 
 
+class StoppableRun:
+    """What verify's and fuzz's reports share: a run a signal may stop part way. The report is a
+    dataclass with `capsules` (results naming their `capsule`), `interrupted`, `stopped_by` and
+    `not_run`."""
+
+    def stop(self, signal_name: str, asked) -> None:
+        """Record an interruption by `signal_name`: the capsules of `asked` without a result are not run."""
+        self.interrupted, self.stopped_by = True, signal_name
+        done = {c.capsule for c in self.capsules}
+        self.not_run = [c.name for c in asked if c.name not in done]
+
+
 @dataclass
-class VerifyReport:
+class VerifyReport(StoppableRun):
     backend: str
     backend_note: str
     seed: int
@@ -80,12 +92,6 @@ class VerifyReport:
     not_run: list[str] = field(default_factory=list)
     """The capsules asked for that the interrupted run never finished."""
     seconds: float = 0.0
-
-    def stop(self, signal_name: str, asked) -> None:
-        """Record an interruption by `signal_name`: the capsules of `asked` without a report are not run."""
-        self.interrupted, self.stopped_by = True, signal_name
-        done = {c.capsule for c in self.capsules}
-        self.not_run = [c.name for c in asked if c.name not in done]
 
     @property
     def exit_code(self) -> int:
@@ -259,6 +265,26 @@ class Session:
         line = f"capsules verify {short_name(self.capsule)} --check {check} --seed {self.seed} --backend {self.backend.name}"
         return line + library_option(self.capsule) + (f" --case {case}" if case else "")
 
+    def failed(self, check: str, reason: str, case: str | None, **fields) -> Result:
+        """A FAILED check on `case`, with the command line that reruns that case."""
+        return Result(check, Status.FAILED, reason, case=case, repro=self.repro(check, case), **fields)
+
+    def passed(self, check: str, reason: str, **fields) -> Result:
+        """A PASSED check, with the command line that reruns it."""
+        return Result(check, Status.PASSED, reason, repro=self.repro(check), **fields)
+
+    def clean(self, check: str, count: int, reason: str) -> Result:
+        """The verdict of a check that found nothing wrong in `count` runs: SKIPPED when none ran."""
+        if not count:
+            return Result(check, Status.SKIPPED, "no case ran")
+        return self.passed(check, reason, cases=count)
+
+    def crashed(self, check: str, case: Case) -> Result:
+        """The check's result when the backend could not run `case` (_crash_status says which)."""
+        return Result(
+            check, _crash_status(case), case.error, case=case.sample.case, repro=self.repro(check, case.sample.case)
+        )
+
     # -- running ----------------------------------------------------------------------------
 
     def samples(self) -> list[Sample]:
@@ -359,26 +385,18 @@ class Session:
                 if c.worst >= worst:
                     worst, worst_case = c.worst, case.sample.case
         if failure is None and crash is not None:
-            return Result(
-                check,
-                _crash_status(crash),
-                crash.error,
-                case=crash.sample.case,
-                repro=self.repro(check, crash.sample.case),
-            )
+            return self.crashed(check, crash)
         if counted == 0:
             return Result(check, Status.SKIPPED, "no case applies")
         if failure:
             case, label, c = failure
-            return Result(
+            return self.failed(
                 check,
-                Status.FAILED,
                 f"{label} {case.sample.summary()}: {c.reason}",
-                c.worst,
                 case.sample.case,
-                counted,
-                self.repro(check, case.sample.case),
-                uncompared,
+                worst=c.worst,
+                cases=counted,
+                out_of_model=uncompared,
             )
         if discriminating == 0:
             why = (
@@ -387,7 +405,7 @@ class Session:
                 else "every element was out of model: none was compared"
             )
             return Result(check, Status.MISTRUSTED, why, worst, worst_case, counted, self.repro(check), uncompared)
-        return Result(check, Status.PASSED, "", worst, worst_case, counted, self.repro(check), uncompared)
+        return self.passed(check, "", worst=worst, case=worst_case, cases=counted, out_of_model=uncompared)
 
     def forward_pairs(self, worst_case_bound: bool = False):
         def pairs(case):
@@ -461,24 +479,14 @@ class Session:
                 count += 1
                 worst = max(worst, r.worst)
                 if not r.passed:
-                    return Result(
+                    return self.failed(
                         "vjp.reference",
-                        Status.FAILED,
                         f"{test.__name__} on {sample.case}: {r.detail}",
-                        r.worst,
                         sample.case,
-                        count,
-                        self.repro("vjp.reference", sample.case),
+                        worst=r.worst,
+                        cases=count,
                     )
-        return Result(
-            "vjp.reference",
-            Status.PASSED,
-            "finite differences and the adjoint identity",
-            worst,
-            None,
-            count,
-            self.repro("vjp.reference"),
-        )
+        return self.passed("vjp.reference", "finite differences and the adjoint identity", worst=worst, cases=count)
 
     def check_reduction_order(self) -> Result:
         """The numerical policy on the op's order inputs (sums whose value depends on the order:
@@ -517,44 +525,24 @@ class Session:
             with getattr(self.backend, "other_schedule", nullcontext)():
                 self.execute(again)
             if again.error:
-                return Result(
-                    "determinism",
-                    _crash_status(again),
-                    again.error,
-                    case=case.sample.case,
-                    repro=self.repro("determinism", case.sample.case),
-                )
+                return self.crashed("determinism", again)
             if not _same_bits(again.y, first_y) or (
                 first_grads and any(not _same_bits(again.grads[k], first_grads[k]) for k in first_grads)
             ):
-                return Result(
+                return self.failed(
                     "determinism",
-                    Status.FAILED,
                     f"two runs of {case.sample.case} differ in their bits (on the emulator the second runs "
                     "blocks and threads in reversed order)",
-                    case=case.sample.case,
+                    case.sample.case,
                     cases=len(picks),
-                    repro=self.repro("determinism", case.sample.case),
                 )
-        return Result(
-            "determinism",
-            Status.PASSED,
-            "forward and backward repeat bitwise",
-            cases=len(picks),
-            repro=self.repro("determinism"),
-        )
+        return self.passed("determinism", "forward and backward repeat bitwise", cases=len(picks))
 
     def check_bounds(self) -> Result:
         count = 0
         for case in self.cases:
             if case.error:
-                return Result(
-                    "bounds",
-                    _crash_status(case),
-                    case.error,
-                    case=case.sample.case,
-                    repro=self.repro("bounds", case.sample.case),
-                )
+                return self.crashed("bounds", case)
             for label, out in case.outputs:
                 count += 1
                 damage, unwritten = out.guard_damage(), out.unwritten()
@@ -567,33 +555,14 @@ class Session:
                         )
                         if t
                     )
-                    return Result(
-                        "bounds",
-                        Status.FAILED,
-                        f"{label} {case.sample.summary()}: {what}",
-                        case=case.sample.case,
-                        cases=count,
-                        repro=self.repro("bounds", case.sample.case),
+                    return self.failed(
+                        "bounds", f"{label} {case.sample.summary()}: {what}", case.sample.case, cases=count
                     )
             if case.overruns:
                 label, damage = case.overruns[0]
-                return Result(
-                    "bounds",
-                    Status.FAILED,
-                    f"{label} {case.sample.summary()}: {damage} guard elements overwritten (a write past the buffer)",
-                    case=case.sample.case,
-                    cases=count,
-                    repro=self.repro("bounds", case.sample.case),
-                )
-        if not count:
-            return Result("bounds", Status.SKIPPED, "no case ran")
-        return Result(
-            "bounds",
-            Status.PASSED,
-            "guard bands intact, every element written",
-            cases=count,
-            repro=self.repro("bounds"),
-        )
+                what = f"{damage} guard elements overwritten (a write past the buffer)"
+                return self.failed("bounds", f"{label} {case.sample.summary()}: {what}", case.sample.case, cases=count)
+        return self.clean("bounds", count, "guard bands intact, every element written")
 
     def check_inputs_intact(self) -> Result:
         count = 0
@@ -601,27 +570,18 @@ class Session:
             for label, ok in case.intact:
                 count += 1
                 if not ok:
-                    return Result(
+                    return self.failed(
                         "inputs.intact",
-                        Status.FAILED,
                         f"{label} {case.sample.summary()}: an input changed",
-                        case=case.sample.case,
+                        case.sample.case,
                         cases=count,
-                        repro=self.repro("inputs.intact", case.sample.case),
                     )
-        if not count:
-            return Result("inputs.intact", Status.SKIPPED, "no case ran")
-        return Result(
-            "inputs.intact",
-            Status.PASSED,
-            "every input bitwise unchanged",
-            cases=count,
-            repro=self.repro("inputs.intact"),
-        )
+        return self.clean("inputs.intact", count, "every input bitwise unchanged")
 
     def check_shape_guard(self) -> Result:
         cases = self.spec.errors()
         for i, error_case in enumerate(cases):
+            case_id = error_case.sample.case
             before = getattr(self.backend, "launch_count", 0)
             try:
                 self.backend.forward(
@@ -629,48 +589,30 @@ class Session:
                 )
             except InputError as exc:
                 if not isinstance(exc, error_case.error) or not re.search(error_case.match, str(exc)):
-                    return Result(
+                    return self.failed(
                         "shape.guard",
-                        Status.FAILED,
-                        f"{error_case.sample.case}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
+                        f"{case_id}: {type(exc).__name__}({exc}) is not {error_case.error.__name__} "
                         f"matching {error_case.match!r}",
-                        case=error_case.sample.case,
+                        case_id,
                         cases=i + 1,
-                        repro=self.repro("shape.guard", error_case.sample.case),
                     )
             except Exception as exc:
-                return Result(
-                    "shape.guard",
-                    Status.FAILED,
-                    f"{error_case.sample.case}: crashed with {type(exc).__name__}: {exc}",
-                    case=error_case.sample.case,
-                    cases=i + 1,
-                    repro=self.repro("shape.guard", error_case.sample.case),
+                return self.failed(
+                    "shape.guard", f"{case_id}: crashed with {type(exc).__name__}: {exc}", case_id, cases=i + 1
                 )
             else:
-                return Result(
-                    "shape.guard",
-                    Status.FAILED,
-                    f"{error_case.sample.case}: accepted, expected {error_case.error.__name__}",
-                    case=error_case.sample.case,
-                    cases=i + 1,
-                    repro=self.repro("shape.guard", error_case.sample.case),
+                return self.failed(
+                    "shape.guard", f"{case_id}: accepted, expected {error_case.error.__name__}", case_id, cases=i + 1
                 )
             if getattr(self.backend, "launch_count", 0) != before:
                 return Result(
                     "shape.guard",
                     Status.FAILED,
-                    f"{error_case.sample.case}: refused, but only after a launch",
-                    case=error_case.sample.case,
+                    f"{case_id}: refused, but only after a launch",
+                    case=case_id,
                     cases=i + 1,
                 )
-        return Result(
-            "shape.guard",
-            Status.PASSED,
-            f"{len(cases)} error inputs refused before any launch",
-            cases=len(cases),
-            repro=self.repro("shape.guard"),
-        )
+        return self.passed("shape.guard", f"{len(cases)} error inputs refused before any launch", cases=len(cases))
 
     def check_rng(self) -> Result:
         from capsule_core.ops.random import uniform_values
@@ -719,13 +661,7 @@ class Session:
                 problems.append("the mask is not u < p")
         if problems:
             return Result("rng", Status.FAILED, "; ".join(problems), case=base.case, repro=self.repro("rng"))
-        return Result(
-            "rng",
-            Status.PASSED,
-            "seeded, reproducible, bitwise the reference stream, statistically sound",
-            cases=3,
-            repro=self.repro("rng"),
-        )
+        return self.passed("rng", "seeded, reproducible, bitwise the reference stream, statistically sound", cases=3)
 
     def check_selection_ties(self, tie_cases: tuple[str, ...] | None = None) -> Result:
         """Under ties each window's gradient goes to exactly one tied cell, on the cases of
@@ -765,13 +701,7 @@ class Session:
                     )
         if not checked:
             return Result("selection.ties", Status.SKIPPED, "no tie case declared")
-        return Result(
-            "selection.ties",
-            Status.PASSED,
-            "each window's gradient goes to exactly one maximal cell",
-            cases=checked,
-            repro=self.repro("selection.ties"),
-        )
+        return self.passed("selection.ties", "each window's gradient goes to exactly one maximal cell", cases=checked)
 
     def check_sanitizer(self, tool: str) -> Result:
         """Every sample and edge case, forward and backward, through the kernels under `tool`, all
@@ -843,13 +773,7 @@ class Session:
         return line + library_option(self.capsule) + (f" --case {case}" if case else "")
 
     def _tie_failure(self, case, o, what) -> Result:
-        return Result(
-            "selection.ties",
-            Status.FAILED,
-            f"{case.sample.case} window {o}: {what}",
-            case=case.sample.case,
-            repro=self.repro("selection.ties", case.sample.case),
-        )
+        return self.failed("selection.ties", f"{case.sample.case} window {o}: {what}", case.sample.case)
 
 
 def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[Result]:

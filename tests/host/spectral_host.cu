@@ -89,6 +89,27 @@ void synthesis(const float* z, float* out, int64_t B, int64_t G, int64_t O, int6
             }
 }
 
+// out (B, M, O) interleaved = finish(Σ_i acc over the I channels of in (B, M, I), k): per batch, mode
+// and out channel the channels in order from zero, the weight of (i, o) at w[k, i, o] (w (M, I, O))
+// or, `adjoint`, at w[k, o, i] (w (M, O, I)).
+template <typename Acc, typename Finish>
+void mix(const float* in, const float* w_re, const float* w_im, float* out, int64_t B, int64_t M, int64_t I, int64_t O,
+         bool adjoint, Acc acc, Finish finish) {
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < M; ++k)
+            for (int64_t o = 0; o < O; ++o) {
+                float zr = 0.0f, zi = 0.0f;
+                for (int64_t i = 0; i < I; ++i) {
+                    const float* s = in + 2 * ((b * M + k) * I + i);
+                    const int64_t w = adjoint ? (k * O + o) * I + i : (k * I + i) * O + o;
+                    acc(s[0], s[1], w_re[w], w_im[w], zr, zi);
+                }
+                float* z = out + 2 * ((b * M + k) * O + o);
+                z[0] = finish(zr, k);
+                z[1] = finish(zi, k);
+            }
+}
+
 }  // namespace
 
 extern "C" void host_fft_fno_fwd(const float* x, const float* w_re, const float* w_im, float* y, int64_t B, int64_t G,
@@ -96,18 +117,8 @@ extern "C" void host_fft_fno_fwd(const float* x, const float* w_re, const float*
     const Twiddles tw(G);
     std::vector<float> spectrum(2 * B * M * Ci), mixed(2 * B * M * Co);
     analysis(x, spectrum.data(), B, G, Ci, M, parts, false, tw);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t k = 0; k < M; ++k)
-            for (int64_t o = 0; o < Co; ++o) {
-                float zr = 0.0f, zi = 0.0f;
-                for (int64_t c = 0; c < Ci; ++c) {
-                    const float* xs = spectrum.data() + 2 * ((b * M + k) * Ci + c);
-                    capsule_fno_mix_acc(xs[0], xs[1], w_re[(k * Ci + c) * Co + o], w_im[(k * Ci + c) * Co + o], zr, zi);
-                }
-                float* z = mixed.data() + 2 * ((b * M + k) * Co + o);
-                z[0] = capsule_fno_scale(zr, k, G);
-                z[1] = capsule_fno_scale(zi, k, G);
-            }
+    mix(spectrum.data(), w_re, w_im, mixed.data(), B, M, Ci, Co, false, capsule_fno_mix_acc,
+        [G](float v, int64_t k) { return capsule_fno_scale(v, k, G); });
     synthesis(mixed.data(), y, B, G, Co, M, tw);
 }
 
@@ -117,17 +128,8 @@ extern "C" void host_fft_fno_bwd(const float* x, const float* w_re, const float*
     std::vector<float> xspec(2 * B * M * Ci), gspec(2 * B * M * Co), gxspec(2 * B * M * Ci);
     analysis(x, xspec.data(), B, G, Ci, M, parts, false, tw);
     analysis(g, gspec.data(), B, G, Co, M, parts, true, tw);
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t k = 0; k < M; ++k)
-            for (int64_t c = 0; c < Ci; ++c) {
-                float ar = 0.0f, ai = 0.0f;
-                for (int64_t o = 0; o < Co; ++o) {
-                    const float* gs = gspec.data() + 2 * ((b * M + k) * Co + o);
-                    capsule_fno_mix_adjoint_acc(gs[0], gs[1], w_re[(k * Ci + c) * Co + o], w_im[(k * Ci + c) * Co + o], ar, ai);
-                }
-                gxspec[2 * ((b * M + k) * Ci + c)] = ar;
-                gxspec[2 * ((b * M + k) * Ci + c) + 1] = ai;
-            }
+    mix(gspec.data(), w_re, w_im, gxspec.data(), B, M, Co, Ci, true, capsule_fno_mix_adjoint_acc,
+        [](float v, int64_t) { return v; });
     synthesis(gxspec.data(), dx, B, G, Ci, M, tw);
     for (int64_t k = 0; k < M; ++k)
         for (int64_t c = 0; c < Ci; ++c)

@@ -8,11 +8,12 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from capsule_core.kernels.nvcc import cuda_source_dir
 from mutants.kernel_catalog import KERNEL_MUTANTS, KernelMutant, StaleMutant  # noqa: F401
-from mutants.runner import BAD, Outcome, run_mutant, table, verify_statuses
+from mutants.runner import BAD, Outcome, outcome, run_mutant, table, verify_statuses
 
 KERNEL_REPRESENTATIVES = (
     "pw-vector-tail-starts-late",
@@ -56,16 +57,12 @@ def prebuild(mutants) -> None:
         list(pool.map(build, mutants))
 
 
-_EMU_BASELINE: dict = {}
-
-
+@lru_cache(maxsize=None)
 def emu_baseline(op: str) -> dict:
     """Statuses of the unmutated kernels on `op` (cached)."""
     from capsule_core.backends.emu import EmuBackend
 
-    if op not in _EMU_BASELINE:
-        _EMU_BASELINE[op] = verify_statuses(op, EmuBackend())[0]
-    return _EMU_BASELINE[op]
+    return verify_statuses(op, EmuBackend())[0]
 
 
 def run_kernel_mutant(mutant: KernelMutant, seed: int = 0) -> Outcome:
@@ -73,9 +70,7 @@ def run_kernel_mutant(mutant: KernelMutant, seed: int = 0) -> Outcome:
 
     base = emu_baseline(mutant.op)
     with mutated_sources(mutant) as folder:
-        statuses, reasons, seconds = verify_statuses(mutant.op, EmuBackend(family_dir=folder), seed)
-    killers = tuple(c for c, s in statuses.items() if s in BAD and base.get(c) not in BAD)
-    return Outcome(mutant, statuses, reasons, killers, seconds)
+        return outcome(mutant, EmuBackend(family_dir=folder), base, seed)
 
 
 def unexpected(outcomes) -> list:

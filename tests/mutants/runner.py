@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from capsule_core.backends.numpy_f32 import NumpyBackend
 from mutants.planting import DYNAMIC_CHECKS, Mutant
@@ -42,21 +43,21 @@ def verify_statuses(op: str, backend, seed: int = 0):
     return statuses, {r.check: r.reason for r in report.results}, report.seconds
 
 
-_BASELINE: dict = {}
-
-
+@lru_cache(maxsize=None)
 def baseline(op: str) -> dict:
     """Statuses of the unmutated numpy provider on `op` (cached)."""
-    if op not in _BASELINE:
-        _BASELINE[op] = verify_statuses(op, NumpyBackend())[0]
-    return _BASELINE[op]
+    return verify_statuses(op, NumpyBackend())[0]
+
+
+def outcome(mutant, backend, base: dict, seed: int = 0) -> Outcome:
+    """verify of the mutant planted in `backend`, against `base`, the unmutated backend's statuses."""
+    statuses, reasons, seconds = verify_statuses(mutant.op, backend, seed)
+    killers = tuple(c for c, s in statuses.items() if s in BAD and base.get(c) not in BAD)
+    return Outcome(mutant, statuses, reasons, killers, seconds)
 
 
 def run_mutant(mutant: Mutant, seed: int = 0) -> Outcome:
-    statuses, reasons, seconds = verify_statuses(mutant.op, mutant.backend(), seed)
-    base = baseline(mutant.op)
-    killers = tuple(c for c, s in statuses.items() if s in BAD and base.get(c) not in BAD)
-    return Outcome(mutant, statuses, reasons, killers, seconds)
+    return outcome(mutant, mutant.backend(), baseline(mutant.op), seed)
 
 
 def table(outcomes) -> str:

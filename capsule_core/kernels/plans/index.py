@@ -9,7 +9,7 @@ output element sums its own entries in ascending j without atomics, the same bit
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -59,6 +59,32 @@ def _with_axis(shape, axis: int, size: int) -> tuple:
     return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1 :])
 
 
+class _SegmentSums(NamedTuple):
+    """What gather's backward and scatter_add's forward share: the indexed array's shape, its
+    (outer, size, inner) view with the index's count, the grid and block of the summing launch, and
+    the index's CSR as meta buffers and as their host data."""
+
+    shape: tuple
+    dims: tuple[int, int, int, int]
+    launch_grid: tuple
+    csr_buffers: tuple[Buffer, Buffer]
+    csr_data: dict
+
+
+def _segment_sums(inputs: Mapping[str, Any], p: Mapping[str, Any], indexed: str) -> _SegmentSums:
+    shape, index = tuple(np.shape(inputs[indexed])), np.asarray(inputs["index"])
+    outer, size, inner = _axis_view(shape, p["axis"] % len(shape))
+    order, starts = csr(index, size)
+    dims = (outer, size, inner, len(index))
+    return _SegmentSums(
+        shape,
+        dims,
+        _segment_grid(*dims),
+        (Buffer("order", "meta", "int64", order.size), Buffer("starts", "meta", "int64", starts.size)),
+        {"order": order, "starts": starts},
+    )
+
+
 # -- gather ----------------------------------------------------------------------------------------
 
 
@@ -78,46 +104,32 @@ def gather_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPla
 
 
 def gather_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
-    x_shape, index = tuple(np.shape(inputs["x"])), np.asarray(inputs["index"])
-    count = len(index)
-    axis = p["axis"] % len(x_shape)
-    outer, size, inner = _axis_view(x_shape, axis)
-    order, starts = csr(index, size)
-    grid, block = _segment_grid(outer, size, inner, count)
-    launch = Launch("capsule_gather_bwd", grid, block, ("g", "order", "starts", "dx", outer, size, inner, count))
+    sums = _segment_sums(inputs, p, "x")
+    outer, _, inner, count = sums.dims
+    launch = Launch("capsule_gather_bwd", *sums.launch_grid, ("g", "order", "starts", "dx", *sums.dims))
     buffers = (
         Buffer("g", "input", "float32", outer * count * inner),
-        Buffer("order", "meta", "int64", order.size),
-        Buffer("starts", "meta", "int64", starts.size),
-        Buffer("dx", "output", "float32", _numel(x_shape)),
+        *sums.csr_buffers,
+        Buffer("dx", "output", "float32", _numel(sums.shape)),
     )
-    return LaunchPlan("gather", "backward", buffers, (launch,), {"order": order, "starts": starts}, {"dx": x_shape})
+    return LaunchPlan("gather", "backward", buffers, (launch,), sums.csr_data, {"dx": sums.shape})
 
 
 # -- scatter_add -----------------------------------------------------------------------------------
 
 
 def scatter_add_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
-    base_shape, index = tuple(np.shape(inputs["base"])), np.asarray(inputs["index"])
-    count = len(index)
-    axis = p["axis"] % len(base_shape)
-    outer, size, inner = _axis_view(base_shape, axis)
-    order, starts = csr(index, size)
-    grid, block = _segment_grid(outer, size, inner, count)
-    launch = Launch(
-        "capsule_scatter_add_fwd", grid, block, ("base", "src", "order", "starts", "out", outer, size, inner, count)
-    )
-    n = _numel(base_shape)
+    sums = _segment_sums(inputs, p, "base")
+    outer, _, inner, count = sums.dims
+    launch = Launch("capsule_scatter_add_fwd", *sums.launch_grid, ("base", "src", "order", "starts", "out", *sums.dims))
+    n = _numel(sums.shape)
     buffers = (
         Buffer("base", "input", "float32", n),
         Buffer("src", "input", "float32", outer * count * inner),
-        Buffer("order", "meta", "int64", order.size),
-        Buffer("starts", "meta", "int64", starts.size),
+        *sums.csr_buffers,
         Buffer("out", "output", "float32", n),
     )
-    return LaunchPlan(
-        "scatter_add", "forward", buffers, (launch,), {"order": order, "starts": starts}, {"out": base_shape}
-    )
+    return LaunchPlan("scatter_add", "forward", buffers, (launch,), sums.csr_data, {"out": sums.shape})
 
 
 def scatter_add_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:

@@ -98,6 +98,33 @@ def _f32(name: str, role: str, n: int) -> Buffer:
     return Buffer(name, role, "float32", int(n))
 
 
+def _statistics(count: int) -> tuple[Buffer, Buffer]:
+    """The mean and rstd workspaces: one entry per row (layer_norm) or per channel (batch_norm)."""
+    return _f32("mean", "workspace", count), _f32("rstd", "workspace", count)
+
+
+def _forward_buffers(size: int, features: int, statistics: int) -> tuple[Buffer, ...]:
+    """Both forwards': x, the per-feature gamma and beta, out, and the statistics workspaces."""
+    return (
+        _f32("x", "input", size),
+        _f32("gamma", "input", features),
+        _f32("beta", "input", features),
+        _f32("out", "output", size),
+    ) + _statistics(statistics)
+
+
+def _backward_buffers(size: int, features: int) -> tuple[Buffer, ...]:
+    """Both backwards' inputs x, gamma, g and outputs dx, dgamma, dbeta."""
+    return (
+        _f32("x", "input", size),
+        _f32("gamma", "input", features),
+        _f32("g", "input", size),
+        _f32("dx", "output", size),
+        _f32("dgamma", "output", features),
+        _f32("dbeta", "output", features),
+    )
+
+
 # -- layer_norm ------------------------------------------------------------------------------------
 
 
@@ -109,14 +136,7 @@ def _rows_cols(x: np.ndarray) -> tuple[int, int]:
 def layer_norm_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> LaunchPlan:
     x = inputs["x"]
     rows, cols = _rows_cols(x)
-    buffers = (
-        _f32("x", "input", x.size),
-        _f32("gamma", "input", cols),
-        _f32("beta", "input", cols),
-        _f32("out", "output", x.size),
-        _f32("mean", "workspace", rows),
-        _f32("rstd", "workspace", rows),
-    )
+    buffers = _forward_buffers(x.size, cols, rows)
     args = ("x", "gamma", "beta", "out", "mean", "rstd", rows, cols, np.float32(p["eps"]))
     threads = wide_threads(cols, WIDE_FWD_FLOATS)
     if threads:
@@ -134,18 +154,11 @@ def layer_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
     eps = np.float32(p["eps"])
     threads = wide_threads(cols, WIDE_BWD_FLOATS)
     parts = wide_parts(rows, threads) if threads else column_parts(rows, cols)
-    outputs = (
-        _f32("x", "input", x.size),
-        _f32("gamma", "input", cols),
-        _f32("g", "input", x.size),
-        _f32("dx", "output", x.size),
-        _f32("dgamma", "output", cols),
-        _f32("dbeta", "output", cols),
-    )
+    io_buffers = _backward_buffers(x.size, cols)
     partial = _f32("partial", "workspace", 2 * parts * cols)
     params = Launch("capsule_layer_norm_bwd_params", *grid_1d(cols, BLOCK), ("partial", "dgamma", "dbeta", cols, parts))
     if threads:
-        buffers = outputs + (partial,)
+        buffers = io_buffers + (partial,)
         launches = (
             Launch(
                 "capsule_layer_norm_bwd_x_wide",
@@ -157,7 +170,7 @@ def layer_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
         )
     else:
         grid, block = row_grid(rows, cols)
-        buffers = outputs + (_f32("mean", "workspace", rows), _f32("rstd", "workspace", rows), partial)
+        buffers = io_buffers + _statistics(rows) + (partial,)
         launches = (
             Launch("capsule_layer_norm_bwd_x", grid, block, ("x", "gamma", "g", "dx", "mean", "rstd", rows, cols, eps)),
             Launch(
@@ -194,15 +207,7 @@ def batch_norm_forward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Launc
     n, c, s = _ncs(x)
     parts = channel_parts(n * s, c)
     eps = np.float32(p["eps"])
-    buffers = (
-        _f32("x", "input", x.size),
-        _f32("gamma", "input", c),
-        _f32("beta", "input", c),
-        _f32("out", "output", x.size),
-        _f32("mean", "workspace", c),
-        _f32("rstd", "workspace", c),
-        _f32("partial", "workspace", 2 * c * parts),
-    )
+    buffers = _forward_buffers(x.size, c, c) + (_f32("partial", "workspace", 2 * c * parts),)
     args = ("x", "gamma", "beta", "out", "mean", "rstd", "partial", n, c, s, parts, eps)
     launches = (
         Launch("capsule_batch_norm_fwd", _channel_grid(c, parts), (BLOCK, 1, 1), args + (0,)),
@@ -216,17 +221,7 @@ def batch_norm_backward(inputs: Mapping[str, Any], p: Mapping[str, Any]) -> Laun
     x = inputs["x"]
     n, c, s = _ncs(x)
     parts = channel_parts(n * s, c)
-    buffers = (
-        _f32("x", "input", x.size),
-        _f32("gamma", "input", c),
-        _f32("g", "input", x.size),
-        _f32("dx", "output", x.size),
-        _f32("dgamma", "output", c),
-        _f32("dbeta", "output", c),
-        _f32("mean", "workspace", c),
-        _f32("rstd", "workspace", c),
-        _f32("partial", "workspace", 5 * c * parts),
-    )
+    buffers = _backward_buffers(x.size, c) + _statistics(c) + (_f32("partial", "workspace", 5 * c * parts),)
     launches = (
         Launch(
             "capsule_batch_norm_bwd_partials",

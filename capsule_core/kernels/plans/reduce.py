@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan, grid_1d
+from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan, grid_1d, warp_lanes
 from capsule_core.kernels.nvcc import KernelBudget, register_budget
 
 THREADS = 256
@@ -68,10 +68,7 @@ def path(span: int, inner: int) -> int:
 
 def lanes(span: int) -> int:
     """capsule_reduce_lanes."""
-    g = 1
-    while g < 32 and g < span:
-        g *= 2
-    return g
+    return warp_lanes(span)
 
 
 def batch(span: int) -> int:

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan
+from capsule_core.kernels.launch import Buffer, Launch, LaunchPlan, warp_lanes
 from capsule_core.kernels.nvcc import KernelBudget, register_budget
 
 THREADS = 256
@@ -56,10 +56,7 @@ def rows_and_cols(shape) -> tuple[int, int]:
 
 def lanes(cols: int) -> int:
     """capsule_softmax_lanes: lanes per row on the group path."""
-    g = 1
-    while g < 32 and g < cols:
-        g *= 2
-    return g
+    return warp_lanes(cols)
 
 
 def values(cols: int) -> int:
@@ -133,44 +130,32 @@ def _launches(
     ), (workspace,)
 
 
-def _forward(op: str, masked: bool):
+def _plan(op: str, masked: bool, direction: str):
+    """The plan of one direction: the forward's kernels read x[, mask] and write out; the
+    backward's read out and g and write dx, x[, mask] being buffers of its plan all the same."""
+    forward = direction == "fwd"
+    group_cols = GROUP_COLS if forward else GRAD_GROUP_COLS
+
     def plan(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
         shape = tuple(np.shape(inputs["x"]))
         n = int(np.prod(shape, dtype=np.int64))
         rows, cols = rows_and_cols(shape)
         names = ("x", "mask") if masked else ("x",)
-        launches, workspace = _launches(op, "fwd", rows, cols, GROUP_COLS, names, "out")
+        read, output = (names, "out") if forward else (("out", "g"), "dx")
+        launches, workspace = _launches(op, direction, rows, cols, group_cols, read, output)
         buffers = (
-            tuple(Buffer(b, "input", "float32", n) for b in names)
-            + (Buffer("out", "output", "float32", n),)
+            tuple(Buffer(b, "input", "float32", n) for b in dict.fromkeys(names + read))
+            + (Buffer(output, "output", "float32", n),)
             + workspace
         )
-        return LaunchPlan(op, "forward", buffers, launches, output_shapes={"out": shape})
-
-    return plan
-
-
-def _backward(op: str, masked: bool):
-    def plan(inputs: Mapping[str, Any], params: Mapping[str, Any]) -> LaunchPlan:
-        shape = tuple(np.shape(inputs["x"]))
-        n = int(np.prod(shape, dtype=np.int64))
-        rows, cols = rows_and_cols(shape)
-        names = ("x", "mask") if masked else ("x",)
-        launches, workspace = _launches(op, "bwd", rows, cols, GRAD_GROUP_COLS, ("out", "g"), "dx")
-        buffers = (
-            tuple(Buffer(b, "input", "float32", n) for b in (*names, "out", "g"))
-            + (Buffer("dx", "output", "float32", n),)
-            + workspace
-        )
-        return LaunchPlan(op, "backward", buffers, launches, output_shapes={"dx": shape})
+        return LaunchPlan(op, "forward" if forward else "backward", buffers, launches, output_shapes={output: shape})
 
     return plan
 
 
 PLANS = {
-    "log_softmax": (_forward("log_softmax", False), _backward("log_softmax", False)),
-    "softmax": (_forward("softmax", False), _backward("softmax", False)),
-    "hard_masked_softmax": (_forward("hard_masked_softmax", True), _backward("hard_masked_softmax", True)),
+    op: (_plan(op, masked, "fwd"), _plan(op, masked, "bwd"))
+    for op, masked in (("log_softmax", False), ("softmax", False), ("hard_masked_softmax", True))
 }
 
 
