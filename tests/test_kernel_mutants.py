@@ -107,6 +107,22 @@ def test_a_mutant_is_planted_in_a_copy_built_under_its_own_key():
     assert _digest(real) == before
 
 
+def test_copies_of_a_mutant_share_one_build_key():
+    """prebuild and the run plant a mutant in two temporary folders: the run must find the build
+    prebuild made, so the key depends on the files, not on the folder they are in."""
+    mutant = REPRESENTATIVES[0]
+    compiler = emu.find_host_compiler()
+
+    def key(folder):
+        source = folder / f"{mutant.family}.cu"
+        driver = emu.dispatch_source(source, emu.family_refs(mutant.family))
+        return emu.build_key(source, driver, compiler, emu.HOST_FLAGS)
+
+    with mutated_sources(mutant) as first, mutated_sources(mutant) as second:
+        assert first != second
+        assert key(first) == key(second)
+
+
 @pytest.fixture(scope="module")
 def built():
     """The representatives' family builds, side by side (cached by content hash across runs)."""

@@ -138,11 +138,14 @@ def _argument(param, index: int) -> str:
 def dispatch_source(source: Path, refs) -> str:
     """The generated table of a translation unit: capsule_emu_run(symbol, dims[7], args) launches
     one entry point (1 ok, 0 an error in capsule_emu_error(), -1 an unknown symbol). A symbol is
-    named as the declaration names it, so a C++ kernel ("lib::scale<float>") is called as C++ does."""
+    named as the declaration names it, so a C++ kernel ("lib::scale<float>") is called as C++ does.
+    The source is included by name (its folder is the first -I): the table, and so the build's
+    key, is the same for every folder that holds the same files, so a build made for one copy of
+    a folder (a planted defect, prebuilt) is found by another."""
     from capsule_core.kernels.launch import parse_param
 
     lines = [
-        f'#include "{source}"',
+        f'#include "{source.name}"',
         "",
         'extern "C" int capsule_emu_run(const char* symbol, const unsigned* d, const uint64_t* a) {',
         "    const dim3 grid{d[0], d[1], d[2]}, block{d[3], d[4], d[5]};",
@@ -446,6 +449,7 @@ class EmuBackend(DeviceBackend):
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
         self.launch_timeout = launch_timeout_from_env() if launch_timeout is None else float(launch_timeout)
         self._memory = address_space()
+        self._units: dict = {}
         self.order, self.order_seed = "index", 0
         """The schedule of every launch: "index" (blocks, and each block's threads, in index
         order), "reversed", or "shuffled" by order_seed. The kernels' results must not depend on it."""
@@ -479,10 +483,19 @@ class EmuBackend(DeviceBackend):
     def copy(self, destination: int, source: int, nbytes: int):
         ctypes.memmove(destination, source, nbytes)
 
+    def _unit(self, ref) -> tuple[Path, ctypes.CDLL]:
+        """The translation unit of `ref` and its loaded build, found once per unit: which kernels
+        a unit holds is a walk over every loaded capsule."""
+        key = (ref.path, ref.build)
+        if key not in self._units:
+            source = unit_source(ref, self.family_dir)
+            refs = self.refs if self.refs is not None else unit_refs(unit_source(ref))
+            self._units[key] = source, load_unit(source, ref.build, refs)
+        return self._units[key]
+
     def launch(self, ref, grid, block, shared_bytes, args):
-        source = unit_source(ref, self.family_dir)
+        source, lib = self._unit(ref)
         family = source.stem
-        lib = load_unit(source, ref.build, self.refs if self.refs is not None else unit_refs(unit_source(ref)))
         lib.capsule_emu_set_launch_timeout(ctypes.c_double(self.launch_timeout))
         lib.capsule_emu_set_order(SCHEDULES.index(self.order), self.order_seed)
         lib.capsule_emu_set_threads(self.threads)

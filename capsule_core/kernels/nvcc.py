@@ -32,7 +32,13 @@ def cuda_source_dir() -> Path:
     """The folder of the .cu/.cuh sources: $CAPSULES_CUDA_DIR when set, else inside the package in
     a wheel (capsule_core/_cuda), else the top-level cuda/ of a checkout or an editable install.
     cuda/ is data, never a package."""
-    override = os.environ.get(SOURCES_ENV)
+    return _source_dir(os.environ.get(SOURCES_ENV) or None)
+
+
+@lru_cache(maxsize=None)
+def _source_dir(override: str | None) -> Path:
+    """cuda_source_dir for one value of $CAPSULES_CUDA_DIR, looked up once: every launch of the
+    emulator asks for it (a lookup globs two folders)."""
     if override:
         folder = Path(override)
         if not folder.is_dir() or not any(folder.glob("*.cu*")):
