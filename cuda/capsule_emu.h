@@ -708,7 +708,8 @@ CAPSULE_EMU_INTERNAL inline void wait(Barrier& b, const char* kind, const Site& 
     if (b.arrived == 0) {
         b.kind = kind;
         b.site = site;
-    } else if (b.kind != kind || b.site.line() != site.line() || std::strcmp(b.site.file_name(), site.file_name()) != 0) {
+    } else if (b.kind != kind || b.site.line() != site.line() ||
+               (b.site.file_name() != site.file_name() && std::strcmp(b.site.file_name(), site.file_name()) != 0)) {
         abort_launch(where() + ": " + kind + " at " + site_text(site) + " while other threads wait at " + b.kind +
                      " at " + site_text(b.site) + " (a divergent barrier)");
     }

@@ -97,3 +97,32 @@ def test_every_family_builds_with_the_device_code_path():
     assert len(emu.emulated_families()) == 11
     for family in emu.emulated_families():
         assert emu.build_family(family).path.is_file()
+
+
+def test_a_run_on_emu_makes_its_builds_side_by_side_first(tmp_path, monkeypatch):
+    """verify on emu builds every translation unit it will load before the first capsule runs
+    (one compiler per core), and says how long that took."""
+    from capsule_core.catalog.registry import lookup_many
+
+    capsules = lookup_many(["relu", "sigmoid", "softmax"])
+    assert sorted(name.split("/")[-1] for name in emu.emulator_builds(capsules)) == ["pointwise.cu", "softmax.cu"]
+    monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path))
+    result = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--check", "value"])
+    assert result.exit_code == 0, result.stdout
+    assert "emulator builds ready in" in result.stderr
+    assert list((tmp_path / "emu").glob("pointwise-*/libfamily.so"))
+    static = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--check", "ffi.symbols"])
+    assert static.exit_code == 0 and "emulator builds" not in static.stderr
+
+
+def test_a_failed_build_is_named_and_the_other_builds_still_run():
+    from capsule_core.errors import CapsuleError
+
+    ran = []
+
+    def broken():
+        raise CapsuleError("the emulator build of x.cu failed (g++):\nx.cu:1: error")
+
+    failures = emu.build_in_parallel({"emulator x.cu": broken, "emulator y.cu": lambda: ran.append("y")}, workers=2)
+    assert failures == {"emulator x.cu": "the emulator build of x.cu failed (g++):"}
+    assert ran == ["y"]

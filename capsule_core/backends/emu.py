@@ -18,7 +18,7 @@ import signal
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -304,6 +304,49 @@ def build_family(
 
     source = Path(family_dir or cuda_source_dir()) / f"{family}.cu"
     return build_unit(source, refs if refs is not None else family_refs(family), flags=flags)
+
+
+def unit_builds(capsules) -> dict:
+    """{(translation unit, its BuildOptions): the unit's kernels} behind `capsules`: the builds a
+    run of them on the emulator loads."""
+    units = {}
+    for capsule in capsules:
+        for ref in capsule.symbols:
+            source = unit_source(ref)
+            units[(source, ref.build)] = unit_refs(source)
+    return units
+
+
+def build_in_parallel(builds: dict, workers: int | None = None) -> dict[str, str]:
+    """Run `builds` ({name: a function that builds into the cache}) side by side, `workers` compiler
+    processes at a time (default: one per usable core), so that a run finds its builds in the
+    cache instead of making them one capsule at a time on one core. Returns {name: the first line
+    of why it failed}; a failed build is left for the run itself to report on its capsule."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
+        name, build = item
+        try:
+            build()
+        except CapsuleError as exc:
+            return name, str(exc).splitlines()[0]
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers or usable_cpus())) as pool:
+        return dict(failure for failure in pool.map(one, builds.items()) if failure)
+
+
+def emulator_builds(capsules) -> dict:
+    """The plain emulator build of every unit behind `capsules`, for build_in_parallel."""
+    return {
+        build_name("emulator", source, build): partial(build_unit, source, refs, build)
+        for (source, build), refs in unit_builds(capsules).items()
+    }
+
+
+def build_name(kind: str, source: Path, build) -> str:
+    """A build's name in build_in_parallel's answer: "emulator /path/relu.cu" (with its options)."""
+    return f"{kind} {source}" + (f" {build}" if build is not None else "")
 
 
 @lru_cache(maxsize=None)

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,12 @@ from capsule_core.backends.emu import (
     EmuBackend,
     KernelFault,
     argument_words,
+    build_in_parallel,
+    build_name,
     build_unit,
+    emulator_builds,
     find_host_compiler,
+    unit_builds,
     unit_refs,
     unit_source,
 )
@@ -151,38 +156,14 @@ def runner_path(source: Path, tool: str, build=None, refs=None) -> Path:
 
 
 def prebuild(capsules, tools, workers: int | None = None) -> dict[str, str]:
-    """Build, in parallel, every runner a sanitize run of `capsules` under `tools` needs (and the
-    plain emulator builds synccheck runs on), so that the run finds them in the build cache
-    instead of building them one capsule at a time on one core. `workers`: parallel compiler
-    processes (default: one per CPU). Returns {build: why it failed}; a failed build is left for
-    the run itself to report on its capsule."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    units = {}
-    for capsule in capsules:
-        for ref in capsule.symbols:
-            source = unit_source(ref)
-            units[(source, ref.build)] = unit_refs(source)
-    jobs = [
-        (tool, source, build, refs)
-        for (source, build), refs in units.items()
-        for tool in [t for t in tools if t in TOOL_FLAGS] + (["synccheck"] if "synccheck" in tools else [])
-    ]
-
-    def one(job):
-        tool, source, build, refs = job
-        try:
-            if tool == "synccheck":
-                build_unit(source, refs, build)
-            else:
-                runner_path(source, tool, build, refs)
-        except CapsuleError as exc:
-            return f"{tool} {source.name}", str(exc).splitlines()[0]
-        return None
-
-    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool:
-        return dict(failure for failure in pool.map(one, jobs) if failure)
+    """Build, in parallel (build_in_parallel), the plain emulator builds of `capsules` (what the
+    kernels and synccheck run on) and every runner a sanitize run under `tools` needs. `workers`:
+    parallel compiler processes (default: one per core). Returns {build: why it failed}."""
+    builds = emulator_builds(capsules)
+    for (source, build), refs in unit_builds(capsules).items():
+        for tool in (t for t in tools if t in TOOL_FLAGS):
+            builds[build_name(tool, source, build)] = partial(runner_path, source, tool, build, refs)
+    return build_in_parallel(builds, workers)
 
 
 def unavailable(tool: str) -> str | None:

@@ -17,6 +17,9 @@ CHECKS = {
     "inputs.intact": "every input buffer bitwise unchanged",
 }
 
+STATIC_CHECKS = ("contract.aligned", "ffi.symbols", "launch.plan")
+"""The checks that read the sources and the plans, and launch nothing."""
+
 SANITIZER_CHECKS = {
     "sanitize.memcheck": "no out-of-bounds or misaligned access, no undefined behaviour (AddressSanitizer, UBSan)",
     "sanitize.racecheck": "no shared- or global-memory hazard between threads that no barrier orders (ThreadSanitizer)",

@@ -25,7 +25,7 @@ from capsule_core.errors import InputError
 from capsule_core.model import KernelCapsule, ReductionPolicy, contracts_aligned
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import Accumulation, Exact, OpSpec, Sample, seeded_rng, shapes_of, validate, working_params
-from capsule_core.verify.checks import ALL_CHECKS, CHECKS, SANITIZER_CHECKS
+from capsule_core.verify.checks import ALL_CHECKS, CHECKS, SANITIZER_CHECKS, STATIC_CHECKS
 from capsule_core.verify.numerics import Comparison, Float32Run, compare, out_of_model
 
 
@@ -835,10 +835,10 @@ def verify_capsule(
     wanted -= set(SANITIZER_CHECKS)
     spec = get_spec(capsule.op.value)
     run = Session(capsule, spec, backend, quick, seed, case)
-    static = wanted & {"contract.aligned", "ffi.symbols", "launch.plan"}
+    static = wanted & set(STATIC_CHECKS)
     compiled = bool(static - {"contract.aligned"})
     results = [r for r in static_results(capsule, quick, compiled) if r.check in wanted] if static else []
-    dynamic = wanted - {"contract.aligned", "ffi.symbols", "launch.plan"}
+    dynamic = wanted - set(STATIC_CHECKS)
     activity.working_on(capsule=capsule.name)
     try:
         sampled = dynamic & {
