@@ -126,3 +126,12 @@ def test_a_failed_build_is_named_and_the_other_builds_still_run():
     failures = emu.build_in_parallel({"emulator x.cu": broken, "emulator y.cu": lambda: ran.append("y")}, workers=2)
     assert failures == {"emulator x.cu": "the emulator build of x.cu failed (g++):"}
     assert ran == ["y"]
+
+
+def test_a_reference_capsule_on_emu_says_it_has_no_kernel_to_launch():
+    result = runner.invoke(app, ["verify", "reference.relu", "--backend", "emu", "--quick", "--no-isolate"])
+    assert result.exit_code == 1
+    assert (
+        "reference.relu: nothing to launch on emu: it declares no native kernel "
+        "(a CPU reference capsule: --backend numpy runs it)" in result.stdout
+    )

@@ -123,7 +123,12 @@ class DeviceBackend:
         capsule = bound if bound is not None and bound.op.value == spec.name else lookup(spec.name)
         functions = plan_functions(capsule)
         if functions is None:
-            raise CapsuleError(f"{spec.name}: no launch plan (its kernels are not written yet)")
+            why = (
+                "it declares no native kernel (a CPU reference capsule: --backend numpy runs it)"
+                if not capsule.symbols
+                else "its library declares no launch plan for it (its kernels are not written yet)"
+            )
+            raise CapsuleError(f"{capsule.name}: nothing to launch on {self.name}: {why}")
         return capsule, functions
 
     def execute(self, capsule, plan, host: dict, outputs: dict, misalign=None) -> Executed:
