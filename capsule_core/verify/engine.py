@@ -718,13 +718,10 @@ class Session:
             return Result(check, status, outcome.summary, repro=self.sanitizer_repro(tool), details=outcome.text)
         backend = backend_for(tool, batch=True)
         backend.bind(self.capsule)
-        runs = 0
+        runs, sample = 0, None
         samples = self.samples()
-        for sample in [*samples, None]:
-            try:
-                if sample is None:  # the batch
-                    backend.flush()
-                    break
+        try:
+            for sample in samples:
                 arrays, _, out_shape = validate(self.spec, sample.inputs, sample.params, np.float32)
                 backend.begin_case(sample.case)
                 backend.forward(self.spec, _copy_inputs(arrays), dict(sample.params), GuardedOutput(out_shape))
@@ -739,27 +736,28 @@ class Session:
                         self.spec, _copy_inputs(arrays), dict(sample.params), g, gradient_outputs(self.spec, arrays)
                     )
                     runs += 1
-            except SanitizerFinding as exc:
-                found = next((s for s in samples if s.case == exc.case), sample)
-                return Result(
-                    check,
-                    Status.FAILED,
-                    f"{found.summary()}: {exc.finding.summary}",
-                    case=found.case,
-                    cases=runs if sample is None else runs + 1,
-                    repro=self.sanitizer_repro(tool, found.case),
-                    details=exc.finding.text,
-                )
-            except Exception as exc:  # the runner could not run the case: no verdict on it
-                where = f"{sample.summary()}: " if sample is not None else ""
-                return Result(
-                    check,
-                    Status.ERROR,
-                    f"{where}{type(exc).__name__}: {exc}",
-                    case=sample.case if sample is not None else None,
-                    cases=runs,
-                    repro=self.sanitizer_repro(tool, sample.case if sample is not None else None),
-                )
+            sample = None  # every case is recorded: the batch runs now
+            backend.flush()
+        except SanitizerFinding as exc:
+            found = next((s for s in samples if s.case == exc.case), sample)
+            return Result(
+                check,
+                Status.FAILED,
+                f"{found.summary()}: {exc.finding.summary}",
+                case=found.case,
+                cases=runs if sample is None else runs + 1,
+                repro=self.sanitizer_repro(tool, found.case),
+                details=exc.finding.text,
+            )
+        except Exception as exc:  # the runner could not run the case (or the batch): no verdict on it
+            return Result(
+                check,
+                Status.ERROR,
+                (f"{sample.summary()}: " if sample is not None else "") + f"{type(exc).__name__}: {exc}",
+                case=sample.case if sample is not None else None,
+                cases=runs,
+                repro=self.sanitizer_repro(tool, sample.case if sample is not None else None),
+            )
         return Result(
             check,
             Status.PASSED,
