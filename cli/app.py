@@ -329,7 +329,7 @@ def verify(
     from capsule_core.render import report
     from capsule_core.sanitize.engine import unavailable
     from capsule_core.verify import engine
-    from capsule_core.verify.checks import ALL_CHECKS, STATIC_CHECKS
+    from capsule_core.verify.checks import ALL_CHECKS
 
     load_libraries(library)
     if not names and not all_:
@@ -374,20 +374,16 @@ def verify(
             if why:
                 raise fail(f"--sanitize {tool}: {why}", EXIT_ENVIRONMENT)
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
-        from capsule_core.sanitize.engine import prebuild
-
         if jobs is None and isolate is not False and ray is None:
             jobs = "auto"  # a sanitize run's time is the sanitizers' runs: one capsule per core
+    builds = engine.run_builds(capsules, chosen.name, quick, tuple(check) if check else None, tools)
+    if builds:
+        from capsule_core.backends.emu import build_in_parallel
 
         start_build = clock.perf_counter()
-        prebuild(capsules, tools, int(jobs) if jobs and jobs.isdigit() else None)
-        typer.echo(f"sanitizer builds ready in {clock.perf_counter() - start_build:.1f} s", err=True)
-    elif chosen.name == "emu" and not (check and set(check) <= set(STATIC_CHECKS)):
-        from capsule_core.backends.emu import build_in_parallel, emulator_builds
-
-        start_build = clock.perf_counter()
-        build_in_parallel(emulator_builds(capsules), int(jobs) if jobs and jobs.isdigit() else None)
-        typer.echo(f"emulator builds ready in {clock.perf_counter() - start_build:.1f} s", err=True)
+        build_in_parallel(builds, int(jobs) if jobs and jobs.isdigit() else None)
+        count = f"{len(builds)} build" + ("s" if len(builds) != 1 else "")
+        typer.echo(f"{count} ready in {clock.perf_counter() - start_build:.1f} s", err=True)
     where = spread(chosen.name, jobs, devices, ray, len(capsules), isolate=isolate, device=device, **emulator)
     if where is not None:
         from capsule_core.drivers import parallel

@@ -100,19 +100,24 @@ def test_every_family_builds_with_the_device_code_path():
 
 
 def test_a_run_on_emu_makes_its_builds_side_by_side_first(tmp_path, monkeypatch):
-    """verify on emu builds every translation unit it will load before the first capsule runs
-    (one compiler per core), and says how long that took."""
+    """verify builds everything it will load before the first capsule runs (one compiler per
+    core): the emulator builds on emu, nvcc's compiles when a static check is asked, and says how
+    long that took."""
     from capsule_core.catalog.registry import lookup_many
+    from capsule_core.verify.engine import run_builds
 
     capsules = lookup_many(["relu", "sigmoid", "softmax"])
     assert sorted(name.split("/")[-1] for name in emu.emulator_builds(capsules)) == ["pointwise.cu", "softmax.cu"]
+    assert len(run_builds(capsules, "emu", quick=True, checks=("value",))) == 2
+    assert len(run_builds(capsules, "numpy", quick=True, checks=("value",))) == 0
     monkeypatch.setenv("CAPSULES_CACHE", str(tmp_path))
     result = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--check", "value"])
     assert result.exit_code == 0, result.stdout
-    assert "emulator builds ready in" in result.stderr
+    assert "1 build ready in" in result.stderr
     assert list((tmp_path / "emu").glob("pointwise-*/libfamily.so"))
-    static = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--check", "ffi.symbols"])
-    assert static.exit_code == 0 and "emulator builds" not in static.stderr
+    static = runner.invoke(app, ["verify", "sigmoid", "softmax", "--backend", "emu", "--check", "contract.aligned"])
+    assert static.exit_code == 0 and "builds ready" not in static.stderr
+    assert not list((tmp_path / "emu").glob("softmax-*"))
 
 
 def test_a_failed_build_is_named_and_the_other_builds_still_run():

@@ -13,9 +13,11 @@ import re
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
 
 from capsule_core.catalog.registry import library_of
+from capsule_core.errors import EnvironmentMissing
 from capsule_core.kernels.c_types import C_TYPES
 from capsule_core.kernels.launch import (
     DYNAMIC_SHARED_LIMIT,
@@ -34,6 +36,7 @@ from capsule_core.kernels.nvcc import (
     KernelBudget,
     KernelResources,
     compile_all,
+    compile_file,
     find_nvcc,
     source_path,
 )
@@ -299,13 +302,33 @@ def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = 
     )
 
 
+def compile_jobs(capsules, arches=ARCHES) -> list[tuple]:
+    """(source, arch, build options) of every source file behind `capsules` that is here, for each
+    of `arches`: the nvcc compiles a check of them makes."""
+    units = {(r.path, r.build) for c in capsules for r in c.symbols}
+    present = sorted((u for u in units if source_path(u[0]).is_file()), key=lambda u: u[0])
+    return [(source_path(path), a, build) for path, build in present for a in arches]
+
+
+def nvcc_builds(capsules, arches=ARCHES) -> dict:
+    """compile_jobs as {name: build} for build_in_parallel (none without nvcc: check says why)."""
+    try:
+        nvcc = find_nvcc()
+    except EnvironmentMissing:
+        return {}
+    return {
+        f"nvcc {source} {arch}" + (f" {build}" if build is not None else ""): partial(
+            compile_file, source, arch, nvcc, build
+        )
+        for source, arch, build in compile_jobs(capsules, arches)
+    }
+
+
 def check(capsules, arches=ARCHES, sizes=("small", "medium", "large")) -> CheckReport:
     """Run the static checks on kernel capsules (raises EnvironmentMissing without nvcc)."""
     start = time.perf_counter()
     nvcc = find_nvcc()
-    units = {(r.path, r.build) for c in capsules for r in c.symbols}
-    present = sorted((u for u in units if source_path(u[0]).is_file()), key=lambda u: u[0])
-    compiled = compile_all([(source_path(path), a, build) for path, build in present for a in arches])
+    compiled = compile_all(compile_jobs(capsules, arches))
     results = []
     for capsule in capsules:
         items = [CheckItem("contract.aligned", Status.PASSED if contracts_aligned(capsule) else Status.FAILED)]

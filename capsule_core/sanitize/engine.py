@@ -36,7 +36,6 @@ from capsule_core.backends.emu import (
     EmuBackend,
     KernelFault,
     argument_words,
-    build_in_parallel,
     build_name,
     build_unit,
     emulator_builds,
@@ -155,15 +154,14 @@ def runner_path(source: Path, tool: str, build=None, refs=None) -> Path:
     ).path
 
 
-def prebuild(capsules, tools, workers: int | None = None) -> dict[str, str]:
-    """Build, in parallel (build_in_parallel), the plain emulator builds of `capsules` (what the
-    kernels and synccheck run on) and every runner a sanitize run under `tools` needs. `workers`:
-    parallel compiler processes (default: one per core). Returns {build: why it failed}."""
+def sanitizer_builds(capsules, tools) -> dict:
+    """The plain emulator builds of `capsules` (what the kernels and synccheck run on) and the
+    runner of each tool of `tools` for each of their units, as {name: build} for build_in_parallel."""
     builds = emulator_builds(capsules)
     for (source, build), refs in unit_builds(capsules).items():
         for tool in (t for t in tools if t in TOOL_FLAGS):
             builds[build_name(tool, source, build)] = partial(runner_path, source, tool, build, refs)
-    return build_in_parallel(builds, workers)
+    return builds
 
 
 def unavailable(tool: str) -> str | None:

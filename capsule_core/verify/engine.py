@@ -774,6 +774,29 @@ class Session:
         return self.failed("selection.ties", f"{case.sample.case} window {o}: {what}", case.sample.case)
 
 
+def static_arches(quick: bool) -> tuple[str, ...]:
+    """The architectures ffi.symbols and launch.plan compile for: sm_90 alone in a quick run."""
+    from capsule_core.check import engine as check
+
+    return ("sm_90",) if quick else check.ARCHES
+
+
+def run_builds(capsules, backend: str, quick: bool, checks=None, tools=()) -> dict:
+    """Every build a verify run of `capsules` makes, as {name: build} for build_in_parallel, so
+    that they are made side by side before the first capsule instead of one capsule at a time:
+    nvcc's compiles for ffi.symbols and launch.plan, the emulator builds on emu (the kernels and
+    synccheck run on them) and the sanitizers' runners."""
+    from capsule_core.check.engine import nvcc_builds
+
+    wanted = set(checks or CHECKS)
+    builds = nvcc_builds(capsules, static_arches(quick)) if wanted & {"ffi.symbols", "launch.plan"} else {}
+    if backend == "emu" and (tools or wanted - set(STATIC_CHECKS)):
+        from capsule_core.sanitize.engine import sanitizer_builds
+
+        builds.update(sanitizer_builds(capsules, tools))
+    return builds
+
+
 def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[Result]:
     """contract.aligned, and ffi.symbols / launch.plan through `capsules check` when nvcc is here
     (unless `compiled` is False: contract.aligned alone, nothing compiled)."""
@@ -796,7 +819,7 @@ def static_results(capsule: KernelCapsule, quick: bool, compiled: bool) -> list[
     try:
         report = check.check(
             [capsule],
-            ("sm_90",) if quick else check.ARCHES,
+            static_arches(quick),
             sizes=("small",) if quick else ("small", "medium", "large"),
         )
     except EnvironmentMissing as exc:
