@@ -376,6 +376,8 @@ def verify(
         typer.echo(f"sanitizers: {', '.join(tools)} on the emulator (child processes)", err=True)
         if jobs is None and isolate is not False and ray is None:
             jobs = "auto"  # a sanitize run's time is the sanitizers' runs: one capsule per core
+    if jobs is None and isolate is None and ray is None and chosen.name == "emu" and len(capsules) > 1:
+        jobs = "auto"  # on emu a run's time is the capsules' own work (references, launches): one per core
     builds = engine.run_builds(capsules, chosen.name, quick, tuple(check) if check else None, tools)
     if builds:
         from capsule_core.backends.emu import build_in_parallel

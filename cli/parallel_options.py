@@ -11,7 +11,8 @@ JobsOption = Annotated[
         "--jobs",
         metavar="N|auto",
         help="Spread the capsules over N worker processes (auto: one per CPU core; on cuda one per GPU of --devices). "
-        "The report is the serial one; a worker that dies is an ERROR of its capsule only.",
+        "The report is the serial one; a worker that dies is an ERROR of its capsule only. "
+        "Default for verify on emu with more than one capsule: auto.",
     ),
 ]
 DevicesOption = Annotated[
@@ -24,7 +25,8 @@ IsolateOption = Annotated[
     Optional[bool],
     typer.Option(
         "--isolate/--no-isolate",
-        help="Where the kernels run. Default on emu and cuda: one worker process, replaced after a death, so that a "
+        help="Where the kernels run. Default on emu and cuda: worker processes (on emu one per core when there are "
+        "several capsules, else one), replaced after a death, so that a "
         "kernel that crashes or hangs costs its own capsule only. --isolate: a fresh process for every capsule. "
         "--no-isolate: here, in this process (to debug under gdb).",
     ),
