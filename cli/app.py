@@ -380,7 +380,7 @@ def verify(
         jobs = "auto"  # on emu a run's time is the capsules' own work (references, launches): one per core
     builds = engine.run_builds(capsules, chosen.name, quick, tuple(check) if check else None, tools)
     if builds:
-        from capsule_core.backends.emu import build_in_parallel
+        from capsule_core.kernels.nvcc import build_in_parallel
 
         start_build = clock.perf_counter()
         build_in_parallel(builds, int(jobs) if jobs and jobs.isdigit() else None)

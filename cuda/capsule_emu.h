@@ -32,7 +32,7 @@
 //   launch with an error naming the kernel, block, thread and signal, not the host process;
 // - so does a thread that outgrows its kStackBytes of stack (each fiber's stack has an inaccessible
 //   guard page below it, the build probes large frames page by page: -fstack-clash-protection).
-// Sanitizer builds (capsule_core/sanitize.py) define CAPSULE_EMU_SANITIZE (fibers switch as in
+// Sanitizer builds (capsule_core/sanitize/engine.py) define CAPSULE_EMU_SANITIZE (fibers switch as in
 // every build, without a system call; AddressSanitizer is told of each switch, valgrind knows the
 // stacks: swapcontext cost a signal-mask system call per switch, and under ASan the clearing of
 // the whole new stack's shadow) and, for racecheck, CAPSULE_EMU_TSAN (every

@@ -12,6 +12,7 @@ from capsule_core.backends import emu
 from capsule_core.backends.execution import GuardedOutput
 from capsule_core.backends.select import resolve
 from capsule_core.errors import EnvironmentMissing
+from capsule_core.kernels import nvcc as kernels
 from capsule_core.ops import get_spec
 from cli.app import app
 
@@ -111,10 +112,18 @@ def test_a_run_on_emu_makes_its_builds_side_by_side_first(monkeypatch):
     assert sorted(name.split("/")[-1] for name in emu.emulator_builds(capsules)) == ["pointwise.cu", "softmax.cu"]
     assert len(run_builds(capsules, "emu", quick=True, checks=("value",))) == 2
     assert len(run_builds(capsules, "numpy", quick=True, checks=("value",))) == 0
-    made = []
-    monkeypatch.setattr(emu, "build_unit", lambda source, *args, **kwargs: made.append(source.name))
+    made, build_unit = [], emu.build_unit
+
+    def watched(source, *args, **kwargs):
+        built = build_unit(source, *args, **kwargs)
+        made.append((source.name, built.cached))
+        return built
+
+    monkeypatch.setattr(emu, "build_unit", watched)
     result = runner.invoke(app, ["verify", "relu", "--backend", "emu", "--quick", "--check", "value", "--no-isolate"])
-    assert "1 build ready in" in result.stderr and made[0] == "pointwise.cu"
+    assert result.exit_code == 0, result.stdout
+    assert "1 build ready in" in result.stderr and {name for name, _ in made} == {"pointwise.cu"}
+    assert all(cached for _, cached in made[1:]), "the launch rebuilt what the prebuild made"
     made.clear()
     static = runner.invoke(app, ["verify", "sigmoid", "softmax", "--backend", "emu", "--check", "contract.aligned"])
     assert static.exit_code == 0 and "builds ready" not in static.stderr and made == []
@@ -128,7 +137,7 @@ def test_a_failed_build_is_named_and_the_other_builds_still_run():
     def broken():
         raise CapsuleError("the emulator build of x.cu failed (g++):\nx.cu:1: error")
 
-    failures = emu.build_in_parallel({"emulator x.cu": broken, "emulator y.cu": lambda: ran.append("y")}, workers=2)
+    failures = kernels.build_in_parallel({"emulator x.cu": broken, "emulator y.cu": lambda: ran.append("y")}, workers=2)
     assert failures == {"emulator x.cu": "the emulator build of x.cu failed (g++):"}
     assert ran == ["y"]
 

@@ -27,6 +27,7 @@ from capsule_core.backends.device import DeviceBackend
 from capsule_core.backends.emu_memory import address_space
 from capsule_core.errors import CapsuleError, EnvironmentMissing
 from capsule_core.kernels.c_types import C_TYPES, argument_word
+from capsule_core.kernels.nvcc import build_name, usable_cpus
 
 EMULATOR_HEADER = "capsule_emu.h"
 LINKER_SCRIPT = "capsule_emu.ld"
@@ -313,31 +314,8 @@ def build_family(
 def unit_builds(capsules) -> dict:
     """{(translation unit, its BuildOptions): the unit's kernels} behind `capsules`: the builds a
     run of them on the emulator loads."""
-    units = {}
-    for capsule in capsules:
-        for ref in capsule.symbols:
-            source = unit_source(ref)
-            units[(source, ref.build)] = unit_refs(source)
-    return units
-
-
-def build_in_parallel(builds: dict, workers: int | None = None) -> dict[str, str]:
-    """Run `builds` ({name: a function that builds into the cache}) side by side, `workers` compiler
-    processes at a time (default: one per usable core), so that a run finds its builds in the
-    cache instead of making them one capsule at a time on one core. Returns {name: the first line
-    of why it failed}; a failed build is left for the run itself to report on its capsule."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(item):
-        name, build = item
-        try:
-            build()
-        except CapsuleError as exc:
-            return name, str(exc).splitlines()[0]
-        return None
-
-    with ThreadPoolExecutor(max_workers=max(1, workers or usable_cpus())) as pool:
-        return dict(failure for failure in pool.map(one, builds.items()) if failure)
+    sources = {(unit_source(ref), ref.build) for capsule in capsules for ref in capsule.symbols}
+    return {(source, build): unit_refs(source) for source, build in sources}
 
 
 def emulator_builds(capsules) -> dict:
@@ -346,11 +324,6 @@ def emulator_builds(capsules) -> dict:
         build_name("emulator", source, build): partial(build_unit, source, refs, build)
         for (source, build), refs in unit_builds(capsules).items()
     }
-
-
-def build_name(kind: str, source: Path, build) -> str:
-    """A build's name in build_in_parallel's answer: "emulator /path/relu.cu" (with its options)."""
-    return f"{kind} {source}" + (f" {build}" if build is not None else "")
 
 
 @lru_cache(maxsize=None)
@@ -432,14 +405,6 @@ verify (a 1024-cubed GEMM's backward) takes under 10 s on one core."""
 
 
 EMU_THREADS_ENV = "CAPSULES_EMU_THREADS"
-
-
-def usable_cpus() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def emu_threads_from_env() -> int | None:

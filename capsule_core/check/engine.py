@@ -35,6 +35,7 @@ from capsule_core.kernels.nvcc import (
     CompileError,
     KernelBudget,
     KernelResources,
+    build_name,
     compile_all,
     compile_file,
     find_nvcc,
@@ -317,9 +318,7 @@ def nvcc_builds(capsules, arches=ARCHES) -> dict:
     except EnvironmentMissing:
         return {}
     return {
-        f"nvcc {source} {arch}" + (f" {build}" if build is not None else ""): partial(
-            compile_file, source, arch, nvcc, build
-        )
+        build_name(f"nvcc {arch}", source, build): partial(compile_file, source, arch, nvcc, build)
         for source, arch, build in compile_jobs(capsules, arches)
     }
 

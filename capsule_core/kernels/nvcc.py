@@ -420,6 +420,37 @@ def entry_files(entry: Path, files: tuple[str, ...]) -> dict[str, bytes] | None:
     return data
 
 
+def usable_cpus() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def build_name(kind: str, source: Path, build) -> str:
+    """A build's name in build_in_parallel's answer: "emulator /path/relu.cu", "nvcc sm_90 /path/relu.cu" (with its options)."""
+    return f"{kind} {source}" + (f" {build}" if build is not None else "")
+
+
+def build_in_parallel(builds: dict, workers: int | None = None) -> dict[str, str]:
+    """Run `builds` ({name: a function that builds into the cache}) side by side, `workers` compiler
+    processes at a time (default: one per usable core), so that a run finds its builds in the
+    cache instead of making them one capsule at a time on one core. Returns {name: the first line
+    of why it failed}; a failed build is left for the run itself to report on its capsule."""
+
+    def one(item):
+        name, build = item
+        try:
+            build()
+        except CapsuleError as exc:
+            return name, str(exc).splitlines()[0]
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers or usable_cpus())) as pool:
+        return dict(failure for failure in pool.map(one, builds.items()) if failure)
+
+
 def compile_all(jobs: list[tuple], workers: int | None = None) -> dict[tuple, CompiledFile | CompileError]:
     """Compile (source, arch[, build options]) jobs in parallel; each result is a CompiledFile or
     its CompileError."""

@@ -36,7 +36,6 @@ from capsule_core.backends.emu import (
     EmuBackend,
     KernelFault,
     argument_words,
-    build_name,
     build_unit,
     emulator_builds,
     find_host_compiler,
@@ -47,7 +46,7 @@ from capsule_core.backends.emu import (
 from capsule_core.children import die_with_parent
 from capsule_core.errors import CapsuleError, EnvironmentMissing
 from capsule_core.kernels.launch import parse_param
-from capsule_core.kernels.nvcc import cuda_source_dir
+from capsule_core.kernels.nvcc import build_name, cuda_source_dir
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
