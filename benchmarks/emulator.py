@@ -21,9 +21,10 @@ import time
 
 import numpy as np
 
-from capsule_core.backends.emu import EmuBackend, usable_cpus
+from capsule_core.backends.emu import EmuBackend
 from capsule_core.catalog import registry
 from capsule_core.kernels.launch import flat_buffers, plan_functions
+from capsule_core.kernels.nvcc import usable_cpus
 from capsule_core.ops import get_spec
 from capsule_core.ops.base import validate, working_params
 

@@ -274,7 +274,7 @@ def test_ray_without_ray_installed_exits_3_naming_the_extra(monkeypatch):
 
 
 def test_jobs_auto_is_one_worker_per_core_and_never_more_than_capsules(monkeypatch):
-    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 8)
     monkeypatch.delenv("CAPSULES_EMU_THREADS", raising=False)
     assert parallel.local_workers("emu", "auto", None, 46) == (parallel.Worker("emu", emu_threads=1),) * 8
     assert parallel.local_workers("numpy", "auto", None, 3) == (parallel.Worker("numpy"),) * 3
@@ -284,7 +284,7 @@ def test_jobs_auto_is_one_worker_per_core_and_never_more_than_capsules(monkeypat
 def test_emulator_workers_share_the_cores_unless_told(monkeypatch):
     """N emu workers run a launch's blocks on cores / N threads each; --emu-threads or
     CAPSULES_EMU_THREADS decides instead when given."""
-    monkeypatch.setattr(parallel, "usable_cores", lambda: 8)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 8)
     monkeypatch.delenv("CAPSULES_EMU_THREADS", raising=False)
     assert {w.emu_threads for w in parallel.local_workers("emu", "3", None, 46)} == {2}
     assert {w.emu_threads for w in parallel.local_workers("emu", "2", None, 46, emu_threads=7)} == {7}

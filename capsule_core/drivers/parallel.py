@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from capsule_core.errors import CapsuleError, EnvironmentMissing
+from capsule_core.kernels.nvcc import usable_cpus
 
 
 class OptionError(CapsuleError):
@@ -106,13 +107,6 @@ def describe(where: Sequence[Worker] | RayCluster, fresh: bool = False) -> str:
 # -- the options ----------------------------------------------------------------------------
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def parse_jobs(text: str) -> int | None:
     """--jobs: a positive number of workers, or None for auto."""
     if text.strip().lower() == "auto":
@@ -166,12 +160,12 @@ def local_workers(
     if backend != "cuda":
         if devices is not None:
             raise OptionError(f"--devices: pins cuda workers to GPUs; this run is on the {backend} backend")
-        count = max(1, min(count or usable_cores(), capsules))
+        count = max(1, min(count or usable_cpus(), capsules))
         if backend == "emu" and emu_threads is None:
             from capsule_core.backends.emu import emu_threads_from_env
 
             if emu_threads_from_env() is None:
-                emu_threads = max(1, usable_cores() // count)
+                emu_threads = max(1, usable_cpus() // count)
         return tuple(Worker(backend, 0, launch_timeout, emu_threads) for _ in range(count))
     from capsule_core.backends import cuda
 

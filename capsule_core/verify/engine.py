@@ -157,7 +157,9 @@ def _same_bits(a, b) -> bool:
     if isinstance(a, tuple):
         return all(_same_bits(x, y) for x, y in zip(a, b))
     a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.tobytes() == b.tobytes()
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return False
+    return np.array_equal(np.ascontiguousarray(a).view(np.uint8), np.ascontiguousarray(b).view(np.uint8))
 
 
 def _crash_status(case: Case) -> Status:
@@ -378,8 +380,8 @@ class Session:
                 c: Comparison = compare(y, r, m, model, n, wc, outside)
                 uncompared += c.out_of_model
                 compared += np.size(y) - c.out_of_model
-                if np.asarray(r).size and not compare(np.zeros_like(y), r, m, model, n, wc, outside).passed:
-                    discriminating += 1
+                if not discriminating and np.asarray(r).size:
+                    discriminating += not compare(np.zeros_like(y), r, m, model, n, wc, outside).passed
                 if not c.passed and failure is None:
                     failure = (case, label, c)
                 if c.worst >= worst:

@@ -213,5 +213,6 @@ def _straddling(model, r, m, n: int) -> np.ndarray:
 
 
 def _fail(mask, reason, y, r) -> Comparison:
-    i = tuple(int(v) for v in np.argwhere(mask)[0])
+    """The first failing element in C order (argmax of a mask: argwhere would list them all)."""
+    i = tuple(int(v) for v in np.unravel_index(int(np.argmax(mask)), mask.shape))
     return Comparison(False, float("inf"), i, f"{reason} at {i}: y={float(y[i])!r}, reference={float(r[i])!r}")
