@@ -208,8 +208,7 @@ def select(
     """
     import json
 
-    from capsule_core.catalog import registry
-    from capsule_core.model import KernelPolicy, ProviderPreference
+    from capsule_core.catalog import planner, registry
     from capsule_core.render import report
 
     load_libraries(library)
@@ -218,11 +217,11 @@ def select(
     except UnknownNameError as exc:
         raise fail(str(exc), EXIT_USAGE)
     try:
-        preference = ProviderPreference.parse(provider, tuple(lib.name for lib in registry.libraries()))
+        preference = planner.ProviderPreference.parse(provider, tuple(lib.name for lib in registry.libraries()))
     except ValueError as exc:
         raise fail(f"--provider: {exc}", EXIT_USAGE)
-    policy = KernelPolicy(device, preference, assurance, vjp)
-    selection = registry.select(backend_op, policy)
+    policy = planner.KernelPolicy(device, preference, assurance, vjp)
+    selection = planner.select(backend_op, policy)
     if fmt is ShowFormat.json:
         typer.echo(json.dumps(report.selection_record(selection), indent=2))
     else:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from capsule_core.catalog import native_cuda, reference, registry
+from capsule_core.catalog.planner import KernelPolicy, PreferenceKind, ProviderPreference, admissible, choose, select
 from capsule_core.errors import RegistryError, UnknownNameError
 from capsule_core.model import (
     AssurancePolicy,
@@ -17,15 +18,10 @@ from capsule_core.model import (
     ContractEvidence,
     Device,
     EvidenceKind,
-    KernelPolicy,
-    PreferenceKind,
     Provider,
-    ProviderPreference,
     ReductionPolicy,
     TrustLevel,
     VJPMode,
-    admissible,
-    choose,
     contracts_aligned,
     same_identity,
 )
@@ -197,9 +193,9 @@ def test_filters():
 
 def test_planner_chooses_by_device_provider_and_assurance():
     sin = BackendOp.SIN
-    assert registry.select(sin, KernelPolicy(Device.CUDA)).chosen.name == "native_cuda.sin"
-    assert registry.select(sin, KernelPolicy(Device.CPU)).chosen.name == "reference.sin"
-    nothing = registry.select(sin, KernelPolicy(Device.CPU, ProviderPreference.parse("only:native_cuda")))
+    assert select(sin, KernelPolicy(Device.CUDA)).chosen.name == "native_cuda.sin"
+    assert select(sin, KernelPolicy(Device.CPU)).chosen.name == "reference.sin"
+    nothing = select(sin, KernelPolicy(Device.CPU, ProviderPreference.parse("only:native_cuda")))
     assert nothing.chosen is None
     reasons = dict((c.name, r) for c, r in nothing.refused)
     assert "policy asks for cpu" in reasons["native_cuda.sin"]

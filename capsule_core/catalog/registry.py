@@ -1,6 +1,6 @@
 """The catalog: the capsule libraries (the built-in native CUDA capsules first, then those found
 by discovery or named by --library) and the CPU reference twins, validated on load. Lookup by
-capsule or op name with did-you-mean, filters, and TorchLean's planner."""
+capsule or op name with did-you-mean, and filters (the planner is planner.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,10 @@ from capsule_core.errors import RegistryError, UnknownNameError
 from capsule_core.model import (
     BackendOp,
     KernelCapsule,
-    KernelPolicy,
     LibraryOp,
     ReductionPolicy,
     VJPMode,
-    choose,
     contracts_aligned,
-    refusal,
     same_identity,
 )
 
@@ -296,25 +293,3 @@ def filter_capsules(
         and (vjp is None or c.vjp_mode is vjp)
         and (reduction is None or c.numerical_policy.reduction is reduction)
     ]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The planner's answer for one op under one policy: the capsule chosen (or none) and why
-    each other capsule of the op was refused."""
-
-    op: BackendOp | LibraryOp
-    policy: KernelPolicy
-    chosen: KernelCapsule | None
-    refused: tuple[tuple[KernelCapsule, str], ...]
-
-
-def select(op: BackendOp | LibraryOp, policy: KernelPolicy) -> Selection:
-    """The planner's choice for `op`, and the reason each other capsule of that op was refused."""
-    chosen = choose(policy, op, catalog())
-    refused = []
-    for c in catalog():
-        if c.op == op and c is not chosen:
-            reason = refusal(policy, c) or "admissible, but not first in the search order"
-            refused.append((c, reason))
-    return Selection(op, policy, chosen, tuple(refused))
