@@ -784,10 +784,12 @@ struct FiberSet {
 inline FiberSet fiber_sets[2];
 inline unsigned long blocks_run = 0;
 
-// The set of the next block, with n fibers and stacks.
+// The set of the next block, with at least n fibers and stacks: a set is rebuilt only to grow.
+// Rebuilding it for every change of block size (conv's launches alternate between sizes) cost
+// racecheck half its run in TSan's zeroing of each new fiber's state and the page faults of it.
 CAPSULE_EMU_INTERNAL inline FiberSet& next_fiber_set(unsigned n) {
     FiberSet& set = fiber_sets[blocks_run++ & 1];
-    if (set.n == n) return set;
+    if (set.n >= n) return set;
     for (void* f : set.tsan)
         if (f) __tsan_destroy_fiber(f);
     if (set.stacks) munmap(set.stacks, set.stack_bytes);
