@@ -124,9 +124,10 @@ class Selection:
 
 def select(op: BackendOp | LibraryOp, policy: KernelPolicy) -> Selection:
     """The planner's choice for `op`, and the reason each other capsule of that op was refused."""
-    chosen = choose(policy, op, registry.catalog())
+    catalog = registry.catalog()
+    chosen = choose(policy, op, catalog)
     refused = []
-    for c in registry.catalog():
+    for c in catalog:
         if c.op == op and c is not chosen:
             reason = refusal(policy, c) or "admissible, but not first in the search order"
             refused.append((c, reason))

@@ -429,7 +429,8 @@ def usable_cpus() -> int:
 
 
 def build_name(kind: str, source: Path, build) -> str:
-    """A build's name in build_in_parallel's answer: "emulator /path/relu.cu", "nvcc sm_90 /path/relu.cu" (with its options)."""
+    """A build's name in build_in_parallel's answer: "emulator /path/relu.cu" or
+    "nvcc sm_90 /path/relu.cu", with its options."""
     return f"{kind} {source}" + (f" {build}" if build is not None else "")
 
 

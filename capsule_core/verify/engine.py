@@ -365,7 +365,7 @@ class Session:
             None,
             None,
             None,
-            0,
+            False,
             0,
             0,
             0,
@@ -381,7 +381,7 @@ class Session:
                 uncompared += c.out_of_model
                 compared += np.size(y) - c.out_of_model
                 if not discriminating and np.asarray(r).size:
-                    discriminating += not compare(np.zeros_like(y), r, m, model, n, wc, outside).passed
+                    discriminating = not compare(np.zeros_like(y), r, m, model, n, wc, outside).passed
                 if not c.passed and failure is None:
                     failure = (case, label, c)
                 if c.worst >= worst:
@@ -400,7 +400,7 @@ class Session:
                 cases=counted,
                 out_of_model=uncompared,
             )
-        if discriminating == 0:
+        if not discriminating:
             why = (
                 "every reference was degenerate: an all-zero output passes too"
                 if compared or not uncompared
