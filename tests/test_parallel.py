@@ -273,12 +273,43 @@ def test_ray_without_ray_installed_exits_3_naming_the_extra(monkeypatch):
     )
 
 
+def _without_thread_settings(monkeypatch):
+    for name in ("CAPSULES_EMU_THREADS", *parallel.BLAS_THREADS_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_jobs_auto_is_one_worker_per_core_and_never_more_than_capsules(monkeypatch):
     monkeypatch.setattr(parallel, "usable_cpus", lambda: 8)
-    monkeypatch.delenv("CAPSULES_EMU_THREADS", raising=False)
-    assert parallel.local_workers("emu", "auto", None, 46) == (parallel.Worker("emu", emu_threads=1),) * 8
-    assert parallel.local_workers("numpy", "auto", None, 3) == (parallel.Worker("numpy"),) * 3
+    _without_thread_settings(monkeypatch)
+    assert (
+        parallel.local_workers("emu", "auto", None, 46) == (parallel.Worker("emu", emu_threads=1, blas_threads=1),) * 8
+    )
+    assert parallel.local_workers("numpy", "auto", None, 3) == (parallel.Worker("numpy", blas_threads=2),) * 3
     assert len(parallel.local_workers("emu", "16", None, 46)) == 16
+
+
+def test_several_workers_share_the_cores_with_their_blas_unless_the_environment_sets_it(monkeypatch):
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 8)
+    _without_thread_settings(monkeypatch)
+    assert {w.blas_threads for w in parallel.local_workers("emu", "4", None, 46)} == {2}
+    assert parallel.local_workers("emu", "1", None, 46)[0].blas_threads is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert {w.blas_threads for w in parallel.local_workers("emu", "4", None, 46)} == {None}
+
+
+def test_a_worker_process_starts_with_its_blas_threads_and_the_parent_keeps_its_own(tmp_path, monkeypatch):
+    (tmp_path / "blas_probe.py").write_text(
+        "import os\n\n\ndef threads(backend, task):\n    return [os.environ.get(name) for name in task]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _without_thread_settings(monkeypatch)
+    import blas_probe
+
+    names = parallel.BLAS_THREADS_ENV
+    workers = (parallel.Worker("numpy", blas_threads=1), parallel.Worker("numpy"))
+    done = dict(parallel._run_local(workers, blas_probe.threads, [(0, names), (1, names)], None, lambda r: False))
+    assert done == {0: ["1"] * len(names), 1: [None] * len(names)}
+    assert not any(os.environ.get(name) for name in names)
 
 
 def test_emulator_workers_share_the_cores_unless_told(monkeypatch):

@@ -50,20 +50,25 @@ class OptionError(CapsuleError):
 
 @dataclass(frozen=True)
 class Worker:
-    """One local worker process: the backend it opens, on cuda the device it is pinned to, and on
+    """One local worker process: the backend it opens, on cuda the device it is pinned to, on
     emu the launch timeout of its emulator (None: CAPSULES_LAUNCH_TIMEOUT or the default) and the
-    OS threads that run a launch's blocks (None: CAPSULES_EMU_THREADS, else every usable core)."""
+    OS threads that run a launch's blocks (None: CAPSULES_EMU_THREADS, else every usable core),
+    and the threads of numpy's BLAS (None: as the environment says, by default every core)."""
 
     backend: str
     device: int = 0
     launch_timeout: float | None = None
     emu_threads: int | None = None
+    blas_threads: int | None = None
 
 
 CONTAINED_BACKENDS = ("emu", "cuda")
 """Backends whose kernels verify, fuzz and the pytest plugin run in a worker process by default
 (containment): a kernel that kills its process, or leaves a CUDA context unusable, costs its own
 capsule only."""
+
+BLAS_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""What sets the threads of numpy's BLAS (OpenBLAS's wheels, or MKL's), read when numpy loads."""
 
 HANG_GRACE = 10.0
 """The parent kills a worker stuck in one launch for twice the launch timeout, and at least this
@@ -155,18 +160,23 @@ def local_workers(
     capsules. auto: one per usable CPU core (emu, numpy) or one per GPU of `devices` (cuda, default
     all); N workers on cuda take the devices in turn. Never more workers than capsules. On emu,
     unless --emu-threads or CAPSULES_EMU_THREADS says otherwise, the workers share the cores: each
-    emulator runs a launch's blocks on cores / workers OS threads."""
+    emulator runs a launch's blocks on cores / workers OS threads. So does numpy's BLAS in each of
+    several workers, unless the environment sets its threads: every OpenBLAS of N workers on every
+    core spins for work between calls, on cores the other workers need."""
     count = parse_jobs(jobs)
     if backend != "cuda":
         if devices is not None:
             raise OptionError(f"--devices: pins cuda workers to GPUs; this run is on the {backend} backend")
         count = max(1, min(count or usable_cpus(), capsules))
+        share = max(1, usable_cpus() // count)
         if backend == "emu" and emu_threads is None:
             from capsule_core.backends.emu import emu_threads_from_env
 
             if emu_threads_from_env() is None:
-                emu_threads = max(1, usable_cpus() // count)
-        return tuple(Worker(backend, 0, launch_timeout, emu_threads) for _ in range(count))
+                emu_threads = share
+        told = count == 1 or any(os.environ.get(name) for name in BLAS_THREADS_ENV)
+        blas = None if told else share
+        return tuple(Worker(backend, 0, launch_timeout, emu_threads, blas) for _ in range(count))
     from capsule_core.backends import cuda
 
     chosen = parse_devices(devices or "all", len(cuda.probe().devices))
@@ -469,6 +479,21 @@ def _death(exitcode: int | None) -> str:
 BREADCRUMB_BYTES = 4096
 
 
+@contextmanager
+def _environment(values: dict[str, str]):
+    """os.environ with `values` set while the block runs (what a spawned child inherits)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class _Process:
     """A started worker process, the (index, task) it holds, if any, and the breadcrumbs it
     leaves (capsule_core.activity) for the report of its death."""
@@ -485,7 +510,9 @@ class _Process:
             daemon=True,
             name=f"capsules-worker-{worker.backend}-{worker.device}",
         )
-        self.process.start()
+        blas = {name: str(worker.blas_threads) for name in BLAS_THREADS_ENV} if worker.blas_threads else {}
+        with _environment(blas):  # the child's numpy reads them as it loads, before the task arrives
+            self.process.start()
         child.close()
         self.held: tuple[int, object] | None = None
         self.hung: str | None = None
