@@ -442,17 +442,23 @@ inline std::string ranges(const std::vector<unsigned>& v) {
     return s.empty() ? "none" : s;
 }
 
+// Scratch of each kernel thread for the emulation of device state a thread keeps between its
+// instructions (linalg.cuh's cp.async queue): fiber_local(), as many bytes as this. It holds what
+// the thread's last block left; the emulation resets it when a block starts.
+constexpr size_t kFiberLocalBytes = 4096;
+
 #if !defined(CAPSULE_EMU_SANITIZE)
 // The fibers' stacks, in one mapping per OS thread kept across launches. Stack t lies at the top of
-// slot t, kSlotBytes aligned to kSlotBytes, under the slot's header (its fiber and the state of
-// the OS thread that runs it), above a guard page that is never accessible, so a thread that
-// outgrows its stack faults there instead of writing over its neighbour's. Kernel code finds its
-// fiber from its stack pointer (here()), without a thread-local lookup on every threadIdx. Pages
-// are touched only as threads use them.
+// slot t, kSlotBytes aligned to kSlotBytes, under the slot's header (its fiber_local bytes, its
+// fiber and the state of the OS thread that runs it), above a guard page that is never
+// accessible, so a thread that outgrows its stack faults there instead of writing over its
+// neighbour's. Kernel code finds its fiber from its stack pointer (here()), without a thread-local
+// lookup on every threadIdx. Pages are touched only as threads use them.
 constexpr size_t kSlotBytes = 256 * 1024;
 static_assert((kSlotBytes & (kSlotBytes - 1)) == 0 && kSlotBytes >= kStackBytes + 2 * 65536);
 
 struct SlotHeader {
+    alignas(64) unsigned char local[kFiberLocalBytes];  // fiber_local()
     Fiber* fiber;
     State* state;
     char pad[48];
@@ -506,9 +512,17 @@ CAPSULE_EMU_INTERNAL inline SlotHeader& slot() {
 }
 CAPSULE_EMU_INTERNAL inline State& here() { return *slot().state; }
 CAPSULE_EMU_INTERNAL inline Fiber& me() { return *slot().fiber; }
+// In the slot header, found from the stack pointer: a thread-local array would cost a
+// __tls_get_addr call on every access from a family library (dynamic TLS).
+CAPSULE_EMU_INTERNAL inline void* fiber_local() { return slot().local; }
 #else
 CAPSULE_EMU_INTERNAL inline State& here() { return state; }
 CAPSULE_EMU_INTERNAL inline Fiber& me() { return *state.current; }
+struct FiberLocal {
+    alignas(64) unsigned char bytes[kFiberLocalBytes];
+};
+inline thread_local std::vector<FiberLocal> fiber_locals;  // one per thread of the block, grown by run_block
+CAPSULE_EMU_INTERNAL inline void* fiber_local() { return fiber_locals[me().linear].bytes; }
 #endif
 
 // Back to the scheduler of `state`'s OS thread (from a fiber: here(); from a signal handler, which
@@ -948,6 +962,7 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     state.fibers.assign(n, Fiber{});
 #if defined(CAPSULE_EMU_SANITIZE)
     if (state.stacks.size() < n) state.stacks.resize(n);
+    if (fiber_locals.size() < n) fiber_locals.resize(n);
 #else
     guarded_stacks.reserve(n);
 #endif
@@ -979,7 +994,8 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
         char* stack_base = set.stacks + size_t(t) * kStackBytes;
 #elif !defined(CAPSULE_EMU_SANITIZE)
         char* stack_base = guarded_stacks.stack(t);
-        guarded_stacks.header(t) = SlotHeader{&f, &state, {}};
+        guarded_stacks.header(t).fiber = &f;  // its fiber_local bytes stay as the thread's last block left them
+        guarded_stacks.header(t).state = &state;
 #else
         std::vector<char>& stack = state.stacks[t];
         if (stack.size() != kStackBytes) {

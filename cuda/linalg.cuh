@@ -267,9 +267,10 @@ CAPSULE_HD float split_sum(const float* partial, int64_t count, int64_t splits, 
 // 16-byte aligned.
 #if defined(CAPSULE_EMU)
 // The emulator defers each copy to the wait that retires its group, in the issuing thread (a
-// queue per thread), so shared memory read before that wait still holds the emulator's NaN
-// pattern or an older k-tile, as it may on the GPU. The queues are the emulator's bookkeeping,
-// unseen by racecheck; the copies themselves are the thread's accesses, made at the wait.
+// queue per thread, in its fiber_local bytes), so shared memory read before that wait still holds
+// the emulator's NaN pattern or an older k-tile, as it may on the GPU. The queues are the
+// emulator's bookkeeping, unseen by racecheck; the copies themselves are the thread's accesses,
+// made at the wait.
 namespace emu_async {
 struct Copy {
     float* dst;
@@ -279,7 +280,7 @@ struct Copy {
     uint32_t group;
 };
 
-constexpr int kThreads = 1024, kCopies = 64;
+constexpr int kCopies = 64;
 
 struct Queue {
     Copy copies[kCopies];
@@ -287,12 +288,9 @@ struct Queue {
     uint32_t group;  // the group being filled; older ones are committed
 };
 
-inline thread_local Queue queues[kThreads];  // per OS thread: the emulator runs blocks on several
+static_assert(sizeof(Queue) <= capsule_emu::kFiberLocalBytes, "a thread's queue fits its fiber_local bytes");
 
-CAPSULE_EMU_INTERNAL inline Queue& mine() {
-    const dim3 t = capsule_emu::thread_idx(), d = capsule_emu::block_dim();
-    return queues[t.x + d.x * (t.y + d.y * t.z)];
-}
+CAPSULE_EMU_INTERNAL inline Queue& mine() { return *static_cast<Queue*>(capsule_emu::fiber_local()); }
 
 CAPSULE_EMU_INTERNAL inline void reset() {
     Queue& q = mine();

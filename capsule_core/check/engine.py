@@ -253,7 +253,7 @@ def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = 
     import numpy as np
 
     from capsule_core.ops import get_spec
-    from capsule_core.ops.base import seeded_rng, validate
+    from capsule_core.ops.base import sized_samples, validate
 
     functions = plan_functions(capsule)
     if functions is None:
@@ -262,7 +262,7 @@ def _plan_items(capsule: KernelCapsule, arches, sizes, resources: dict | None = 
     spec = get_spec(capsule.op.value)
     symbols = {r.symbol: r for r in capsule.symbols}
     problems, plans = [], 0
-    cases = [s for size in sizes for s in spec.samples(size, seeded_rng(spec.name, size))]
+    cases = [s for size in sizes for s in sized_samples(spec, size)]
     for sample in cases + spec.edges():
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
         expected = {"out": out_shape}

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -116,7 +116,15 @@ def _executable(path: Path) -> bool:
 
 
 def _nvcc_version(path: Path) -> str:
-    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60).stdout
+    """nvcc's version, asked once per executable file as it is now (a process finds nvcc for
+    every capsule it checks, and `nvcc --version` costs 3 ms)."""
+    status = path.stat()
+    return _version_of(str(path), status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+@lru_cache(maxsize=None)
+def _version_of(path: str, inode: int, size: int, mtime_ns: int) -> str:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
     match = re.search(r"release ([\d.]+), V([\d.]+)", out)
     return match.group(2) if match else out.strip().splitlines()[-1] if out.strip() else "unknown"
 
@@ -252,8 +260,10 @@ class CompiledFile:
     log: str
     cached: bool
 
-    @property
+    @cached_property
     def entries(self) -> dict[str, tuple[PtxParam, ...]]:
+        """The PTX's entries and their parameters, parsed once (check asks for every symbol of
+        the file, on every size of every capsule that shares it)."""
         return parse_ptx_entries(self.ptx)
 
     def entry_name(self, ref) -> str | None:
@@ -265,9 +275,9 @@ class CompiledFile:
         found = [m for m, d in demangled_names(tuple(self.entries)).items() if _kernel_name(d) == ref.symbol]
         return found[0] if len(found) == 1 else None
 
-    @property
+    @cached_property
     def resources(self) -> dict[str, KernelResources]:
-        """ptxas's report by PTX entry (a C++ kernel's mangled name)."""
+        """ptxas's report by PTX entry (a C++ kernel's mangled name), parsed once."""
         return parse_ptxas_resources(self.log)
 
     def resources_of(self, ref) -> KernelResources | None:

@@ -9,6 +9,7 @@ Engines (verify, fuzz, bench) only ever read OpSpecs; they hold no op-specific c
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -405,6 +406,31 @@ def seeded_rng(op: str, case: str, seed: int = 0) -> np.random.Generator:
     """A generator that depends only on (op, case, seed): cases are reproducible by id."""
     key = np.frombuffer(f"{op}/{case}".encode(), dtype=np.uint8).astype(np.uint64)
     return np.random.default_rng([seed, *key.tolist()])
+
+
+_SIZED: OrderedDict = OrderedDict()
+SIZED_KEPT = 4
+"""(op, size, seed) draws sized_samples keeps: the sizes of the capsule being checked and verified."""
+
+
+def sized_samples(spec: OpSpec, size: str, seed: int = 0) -> list[Sample]:
+    """spec.samples(size) drawn from seeded_rng(op, size, seed), kept for the last few asked:
+    check's launch plans and verify's cases of one capsule draw the same inputs, and a large
+    sample takes up to 40 ms to draw. Their arrays are read-only, because every caller shares them."""
+    key = (spec.name, size, seed)
+    kept = _SIZED.get(key)
+    if kept is None or kept[0] is not spec:
+        samples = spec.samples(size, seeded_rng(spec.name, size, seed))
+        for sample in samples:
+            for value in sample.inputs.values():
+                for a in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(a, np.ndarray):
+                        a.flags.writeable = False
+        kept = _SIZED[key] = (spec, tuple(samples))
+        while len(_SIZED) > SIZED_KEPT:
+            _SIZED.popitem(last=False)
+    _SIZED.move_to_end(key)
+    return list(kept[1])
 
 
 def f32(a) -> np.ndarray:

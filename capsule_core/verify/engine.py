@@ -24,7 +24,17 @@ from capsule_core.catalog.registry import launches_kernels, library_option, shor
 from capsule_core.errors import InputError
 from capsule_core.model import KernelCapsule, ReductionPolicy, contracts_aligned
 from capsule_core.ops import get_spec
-from capsule_core.ops.base import Accumulation, Exact, OpSpec, Sample, seeded_rng, shapes_of, validate, working_params
+from capsule_core.ops.base import (
+    Accumulation,
+    Exact,
+    OpSpec,
+    Sample,
+    seeded_rng,
+    shapes_of,
+    sized_samples,
+    validate,
+    working_params,
+)
 from capsule_core.verify.checks import ALL_CHECKS, CHECKS, SANITIZER_CHECKS, STATIC_CHECKS
 from capsule_core.verify.numerics import Comparison, Float32Run, compare, out_of_model
 
@@ -233,7 +243,7 @@ def run_samples(spec: OpSpec, quick: bool, seed: int) -> list[Sample]:
     """The cases a verify run of `spec` executes: the sized samples (small only when quick), then
     the edges."""
     sizes = ("small",) if quick else ("small", "medium", "large")
-    out = [s for size in sizes for s in spec.samples(size, seeded_rng(spec.name, size, seed))]
+    out = [s for size in sizes for s in sized_samples(spec, size, seed)]
     return out + spec.edges()
 
 
@@ -471,7 +481,7 @@ class Session:
 
         if not self.spec.has_vjp:
             return Result("vjp.reference", Status.SKIPPED, "VJP mode none: nothing to check")
-        samples = self.spec.samples("small", seeded_rng(self.spec.name, "small", self.seed))
+        samples = sized_samples(self.spec, "small", self.seed)
         if self.quick:
             samples = samples[:1]
         worst, count = 0.0, 0
@@ -621,7 +631,7 @@ class Session:
 
         if "seed" not in {p.name for p in self.spec.params}:
             return Result("rng", Status.SKIPPED, "not a seeded op")
-        base = next(s for s in self.spec.samples("medium", seeded_rng(self.spec.name, "medium", self.seed)))
+        base = sized_samples(self.spec, "medium", self.seed)[0]
         params = dict(base.params)
 
         def run(p):
