@@ -61,3 +61,12 @@ def test_kept_pages_are_bounded_oldest_returned_first(monkeypatch):
     space.free(b)
     space.free(space.allocate(2 * PAGE))
     assert space.kept_bytes == 3 * PAGE
+
+
+def test_kept_allocations_are_bounded_in_number(monkeypatch):
+    monkeypatch.setattr(emu_memory, "SPARES_KEPT", 2)
+    space = _space()
+    live = [space.allocate(PAGE) for _ in range(3)]
+    for address in live:
+        space.free(address)
+    assert space.kept_bytes == 2 * PAGE

@@ -34,6 +34,8 @@ GAP = 1 << 30
 PAGE = mmap.PAGESIZE
 SPARE_BYTES = 512 << 20
 """Freed pages kept for reuse, at most (the oldest go back to the system first)."""
+SPARES_KEPT = 256
+"""Freed allocations kept, at most: each is a mapping of its own (vm.max_map_count bounds them)."""
 FREED_REMEMBERED = 8192
 """Freed buffers kept for naming a use after free (the quarantine holds at most 4,096)."""
 
@@ -94,7 +96,6 @@ class DeviceAddressSpace:
         self._freed: deque[NamedBuffer] = deque(maxlen=FREED_REMEMBERED)
         self._spares: deque[tuple[int, int]] = deque()
         """(committed bytes, address outside the reservation) of freed pages kept, oldest first."""
-        self._spare_bytes = 0
 
     def _map(self, address: int, nbytes: int, prot: int, extra: int = 0):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | extra
@@ -145,7 +146,7 @@ class DeviceAddressSpace:
     @property
     def kept_bytes(self) -> int:
         """Freed pages held for reuse, in bytes."""
-        return self._spare_bytes
+        return sum(size for size, _ in self._spares)
 
     def _reuse(self, address: int, committed: int) -> bool:
         """Move kept pages of exactly `committed` bytes to `address` (mapped inaccessible, which
@@ -153,7 +154,6 @@ class DeviceAddressSpace:
         for i, (size, spare) in enumerate(self._spares):
             if size == committed:
                 del self._spares[i]
-                self._spare_bytes -= size
                 moved = self._libc.mremap(spare, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, address)
                 if moved != address:
                     self._libc.munmap(spare, size)
@@ -168,9 +168,8 @@ class DeviceAddressSpace:
         can land there); False when they are not kept (too large, or the kernel cannot)."""
         if committed > SPARE_BYTES:
             return False
-        while self._spares and self._spare_bytes + committed > SPARE_BYTES:
+        while self._spares and (len(self._spares) >= SPARES_KEPT or self.kept_bytes + committed > SPARE_BYTES):
             size, spare = self._spares.popleft()
-            self._spare_bytes -= size
             self._libc.munmap(spare, size)
         moved = self._libc.mremap(address, committed, committed, _MREMAP_MAYMOVE | _MREMAP_DONTUNMAP, None)
         if moved in (None, ctypes.c_void_p(-1).value):
@@ -179,7 +178,6 @@ class DeviceAddressSpace:
             self._libc.munmap(moved, committed)
             return False
         self._spares.append((committed, int(moved)))
-        self._spare_bytes += committed
         return True
 
     def free(self, address: int):
