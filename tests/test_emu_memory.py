@@ -70,3 +70,24 @@ def test_kept_allocations_are_bounded_in_number(monkeypatch):
     for address in live:
         space.free(address)
     assert space.kept_bytes == 2 * PAGE
+
+
+def _mappings_within(space: DeviceAddressSpace) -> int:
+    count = 0
+    for line in open("/proc/self/maps"):
+        start, end = (int(x, 16) for x in line.split()[0].split("-"))
+        if start < space.base + space.size and space.base < end:
+            count += 1
+    return count
+
+
+def test_freed_allocations_leave_no_mapping_of_their_own():
+    """Every free must merge back into the reservation: vm.max_map_count (65,530) bounds a process's
+    mappings, and a pytest run frees hundreds of thousands of allocations."""
+    space = _space()
+    for _ in range(3):
+        live = [space.allocate((1 + i % 5) * PAGE) for i in range(40)]
+        for address in live:
+            space.free(address)
+    assert space.kept_bytes > 0
+    assert _mappings_within(space) == 1

@@ -74,7 +74,6 @@ def _libc():
     libc.mremap.restype = ctypes.c_void_p
     libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
 
 
@@ -165,7 +164,12 @@ class DeviceAddressSpace:
     def _keep(self, address: int, committed: int) -> bool:
         """Move the pages of a freed allocation out of the reservation, leaving its addresses mapped
         inaccessible (MREMAP_DONTUNMAP empties the range without unmapping it, so no other mapping
-        can land there); False when they are not kept (too large, or the kernel cannot)."""
+        can land there); False when they are not kept (too large, or the kernel cannot).
+
+        The emptied range is then mapped afresh rather than mprotect-ed: it keeps the anon_vma of
+        the pages that left, so the kernel would never merge it with the inaccessible reservation
+        around it, and every free would cost a mapping of its own until vm.max_map_count (65,530)
+        ran out, a few thousand tests into a pytest run."""
         if committed > SPARE_BYTES:
             return False
         while self._spares and (len(self._spares) >= SPARES_KEPT or self.kept_bytes + committed > SPARE_BYTES):
@@ -174,9 +178,11 @@ class DeviceAddressSpace:
         moved = self._libc.mremap(address, committed, committed, _MREMAP_MAYMOVE | _MREMAP_DONTUNMAP, None)
         if moved in (None, ctypes.c_void_p(-1).value):
             return False
-        if self._libc.mprotect(address, committed, _PROT_NONE) != 0:
+        try:
+            self._map(address, committed, _PROT_NONE, _MAP_NORESERVE)
+        except DeviceMemoryError:
             self._libc.munmap(moved, committed)
-            return False
+            raise
         self._spares.append((committed, int(moved)))
         return True
 
