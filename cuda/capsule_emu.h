@@ -52,6 +52,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
+#include <cerrno>
 #include <exception>
 #include <source_location>
 #include <string>
@@ -355,6 +356,9 @@ struct Launch {
     int fault_signal = 0, fault_code = 0, fault_access = 0, timed_out = 0;
     const void* fault_address = nullptr;
     const void* fault_pc = nullptr;
+    // The launching family library's run_blocks: the pool's threads serve every library loaded, and
+    // each library's blocks must run its own code (its shared variables, its fault handling).
+    void (*run)(Launch&) = nullptr;
 
     dim3 block_at(uint64_t i) const {
         const uint64_t b = blocks.empty() ? i : blocks[i];
@@ -479,19 +483,32 @@ struct GuardedStacks {
         return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(stack(t)) & ~uintptr_t(guard - 1)) - guard;
     }
 
-    // Room for n stacks (the mapping only grows).
-    void reserve(size_t n) {
-        if (n <= count) return;
-        if (mapping) munmap(mapping, mapped);
+    // Room for n stacks (the mapping only grows); false, with no stacks left, when the system
+    // refuses the mapping or its guard pages (each guard splits off a mapping of its own, and
+    // vm.max_map_count bounds those).
+    bool reserve(size_t n) {
+        if (n <= count) return true;
+        release();
         guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-        mapped = (n + 1) * kSlotBytes;
-        void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED) std::abort();
+        const size_t bytes = (n + 1) * kSlotBytes;
+        void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) return false;
         mapping = static_cast<char*>(p);
+        mapped = bytes;
         base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(mapping) + kSlotBytes - 1) & ~uintptr_t(kSlotBytes - 1));
         count = n;
         for (size_t t = 0; t < n; ++t)
-            if (mprotect(guard_page(unsigned(t)), guard, PROT_NONE) != 0) std::abort();
+            if (mprotect(guard_page(unsigned(t)), guard, PROT_NONE) != 0) {
+                release();
+                return false;
+            }
+        return true;
+    }
+
+    void release() {
+        if (mapping) munmap(mapping, mapped);
+        mapping = base = nullptr;
+        mapped = count = 0;
     }
 
     // Whether address lies in a guard page.
@@ -964,7 +981,12 @@ CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
     if (state.stacks.size() < n) state.stacks.resize(n);
     if (fiber_locals.size() < n) fiber_locals.resize(n);
 #else
-    guarded_stacks.reserve(n);
+    if (!guarded_stacks.reserve(n)) {
+        state.error = std::string(state.kernel) + " block " + dims(state.block_index) +
+                      ": the emulator could not map the stacks of a block of " + std::to_string(n) + " threads (" +
+                      std::strerror(errno) + "; vm.max_map_count bounds a process's mappings, two per kernel thread)";
+        return false;
+    }
 #endif
     Barrier block_barrier;
     block_barrier.size = n;
@@ -1140,7 +1162,8 @@ CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
 // one of them).
 inline std::atomic<unsigned> threads_wanted{1};
 
-// The OS threads that run blocks beside the launching one, kept across launches. They take no
+// The OS threads that run blocks beside the launching one, kept across launches and shared by every
+// family library loaded (pool()), as a GPU's SMs serve every module. They take no
 // asynchronous signal (the host's SIGINT and SIGTERM go to its own threads), only the faults of
 // their kernel threads and their watchdogs' SIGVTALRM, on a signal stack of their own.
 struct Pool {
@@ -1152,6 +1175,7 @@ struct Pool {
     unsigned helpers = 0;  // how many of the threads take part in the current launch
     unsigned running = 0;  // of those, how many have not finished their part
     pid_t owner = getpid();
+    std::mutex busy;  // held by the launch the pool is running (another thread's launch runs alone)
 
     void serve(unsigned index) {
         std::vector<char> own_stack(kSignalStackBytes);
@@ -1175,7 +1199,7 @@ struct Pool {
                 l = job;
             }
             launching = true;
-            run_blocks(*l);
+            l->run(*l);
             launching = false;
             std::lock_guard<std::mutex> hold(lock);
             if (--running == 0) finished.notify_all();
@@ -1205,13 +1229,16 @@ struct Pool {
     }
 };
 
-// The pool of this family library (static: each translation unit's threads run its own
-// run_blocks and fill its own shared variables; a forked child has none of its parent's threads,
-// so it starts another).
-static inline Pool& pool() {
-    static Pool* current = new Pool;
-    if (current->owner != getpid()) current = new Pool;
-    return *current;
+// The process's pool: the static of an inline function, so one object (a GNU unique symbol, like
+// state) whichever library asks. A pool per library cost each library its own threads, and each
+// thread its own fibers' stacks, two mappings per kernel thread (stack and guard page): a pytest
+// run on two cores reached 30,000 of the 65,530 mappings vm.max_map_count allows. A forked child
+// has none of its parent's threads, so it starts another.
+inline Pool& pool() {
+    static std::atomic<Pool*> current{new Pool};
+    Pool* p = current.load();
+    if (p->owner != getpid()) current = p = new Pool;
+    return *p;
 }
 #endif
 
@@ -1237,9 +1264,15 @@ bool launch(const char* name, dim3 grid, dim3 block, unsigned shared, void (*ker
     run_blocks(l);
 #else
     FaultHandlers faults;
+    l.run = &run_blocks;
     const unsigned threads = static_cast<unsigned>(std::min<uint64_t>(threads_wanted.load(), l.total));
-    if (threads > 1) pool().run(l, threads - 1);
-    else run_blocks(l);
+    Pool& helpers = pool();
+    if (threads > 1 && helpers.busy.try_lock()) {
+        helpers.run(l, threads - 1);
+        helpers.busy.unlock();
+    } else {
+        run_blocks(l);
+    }
 #endif
     // The launch's result, as the launching thread's state (capsule_emu_error and the fault read it).
     state.kernel = name;

@@ -5,10 +5,17 @@ beside it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from capsule_core.backends import emu
 from capsule_core.backends.emu import EmuBackend, KernelFault
 from capsule_core.backends.execution import GuardedOutput, gradient_outputs
 from capsule_core.catalog import registry
@@ -131,6 +138,16 @@ def test_kernels_give_the_same_bits_on_one_thread_and_on_several(op):
     assert one == several
 
 
+def test_the_default_thread_count_stays_within_the_mapping_limit(monkeypatch):
+    monkeypatch.setattr(emu, "usable_cpus", lambda: 64)
+    monkeypatch.delenv("CAPSULES_EMU_THREADS", raising=False)
+    monkeypatch.setattr(emu, "max_map_count", lambda: 65530)
+    assert EmuBackend().threads == 15
+    monkeypatch.setattr(emu, "max_map_count", lambda: 1 << 20)
+    assert EmuBackend().threads == 64
+    assert EmuBackend(threads=40).threads == 40
+
+
 def test_the_thread_count_is_checked():
     with pytest.raises(CapsuleError, match="--emu-threads: must be >= 1"):
         EmuBackend(threads=0)
@@ -142,3 +159,89 @@ def test_a_bad_thread_count_is_a_usage_error(monkeypatch):
     monkeypatch.setenv("CAPSULES_EMU_THREADS", "many")
     result = CliRunner().invoke(app, ["verify", "relu", "--backend", "emu", "--quick"])
     assert result.exit_code == 2 and "CAPSULES_EMU_THREADS: must be a whole number" in result.output
+
+
+POOL_PROBE = """
+import os, sys
+from capsule_core.backends.emu import EmuBackend
+sys.path.insert(0, {tests!r})
+from test_emu_threads import forward_and_backward
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+before = os_threads()
+for op in ("relu", "matmul", "softmax", "conv"):
+    forward_and_backward(EmuBackend(threads=3), op)
+print(os_threads() - before)
+"""
+
+
+def test_every_family_library_shares_one_pool_of_threads(tmp_path):
+    """Four family libraries launched on three OS threads add two threads to the process, not two
+    per library: each pool thread holds a stack and a guard page per kernel thread, two mappings of
+    the 65,530 that vm.max_map_count allows a process."""
+    probe = POOL_PROBE.format(tests=str(Path(__file__).parent))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "2"
+
+
+def test_launches_from_two_host_threads_at_once_both_finish_exactly(family):
+    """The pool runs one launch at a time; a launch that finds it busy runs on its own thread."""
+    with ThreadPoolExecutor(2) as host:
+        runs = [host.submit(launch, EmuBackend(family_dir=family, refs=REFS, threads=3), "shared", 0) for _ in range(4)]
+        results = [run.result() for run in runs]
+    expected = np.repeat(np.arange(BLOCKS, dtype=np.float32) * 4000, THREADS)
+    for y, counter in results:
+        assert np.array_equal(y, expected) and counter == BLOCKS * THREADS
+
+
+EXHAUSTION_PROBE = """
+import ctypes, mmap, sys
+from pathlib import Path
+import numpy as np
+from capsule_core.backends.emu import EmuBackend, KernelFault, max_map_count
+from capsule_core.kernels.c_types import C_TYPES
+sys.path.insert(0, {tests!r})
+from test_emu_threads import REFS
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+backend = EmuBackend(family_dir=Path({family!r}), refs=REFS, threads=1)
+x, y, counter = (backend.allocate(n) for n in (256, 4 * 256 * 4, 4))
+backend.upload(x, np.arange(64, dtype=np.float32))
+args = [np.uintp(x), np.uintp(y), np.uintp(counter), C_TYPES["int64_t"].numpy(0)]
+backend.launch(REFS[0], (4, 1, 1), (32, 1, 1), 0, args)  # the library loaded, stacks for 32 threads
+page = mmap.PAGESIZE
+spare = max_map_count() - len(open("/proc/self/maps").readlines()) - 100
+filler = libc.mmap(None, 2 * spare * page, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, -1, 0)
+for i in range(spare):
+    libc.mprotect(filler + 2 * i * page, page, mmap.PROT_READ)
+try:
+    backend.launch(REFS[0], (4, 1, 1), (256, 1, 1), 0, args)
+except KernelFault as fault:
+    print("FAULT", fault)
+libc.munmap(filler, 2 * spare * page)
+backend.launch(REFS[0], (4, 1, 1), (256, 1, 1), 0, args)
+out = np.zeros(4 * 256, np.float32)
+backend.download(out, y)
+assert np.array_equal(out, np.repeat(np.arange(4, dtype=np.float32) * 4000, 256))
+print("RECOVERED")
+"""
+
+
+def test_a_process_out_of_mappings_fails_the_launch_not_the_verifier(family):
+    """A block whose fibers' stacks cannot be mapped (vm.max_map_count reached) is an error of its
+    launch, where it used to abort the process; once mappings are free again the next launch runs."""
+    probe = EXHAUSTION_PROBE.format(tests=str(Path(__file__).parent), family=str(family))
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "capsule_threads_shared block (0,0,0): the emulator could not map the stacks of a block of 256" in (
+        result.stdout
+    ), result.stdout
+    assert result.stdout.rstrip().endswith("RECOVERED")

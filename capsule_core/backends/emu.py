@@ -420,6 +420,24 @@ def emu_threads_from_env() -> int | None:
     return int(text)
 
 
+MAX_BLOCK_THREADS = 1024
+
+
+def max_map_count() -> int:
+    """vm.max_map_count: the mappings a process may hold (Linux's default when unreadable)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+def default_emu_threads() -> int:
+    """One OS thread per usable core, but no more than half of vm.max_map_count can hold: each
+    thread keeps the stacks of a block's up to 1,024 kernel threads, two mappings apiece (the
+    stack and its guard page); with Linux's default that is 15 threads."""
+    return max(1, min(usable_cpus(), (max_map_count() // 2) // (2 * MAX_BLOCK_THREADS + 1)))
+
+
 def launch_timeout_from_env() -> float:
     """CAPSULES_LAUNCH_TIMEOUT (seconds; 0: no watchdog), else the default; a bad value is a usage error."""
     text = os.environ.get(LAUNCH_TIMEOUT_ENV)
@@ -451,11 +469,11 @@ class EmuBackend(DeviceBackend):
         """`family_dir` and `refs`: kernels of another folder (build_family), for planted defects.
         `launch_timeout`: seconds a launch may run (0: no watchdog; default CAPSULES_LAUNCH_TIMEOUT or 120).
         `threads`: OS threads that run a launch's blocks (default CAPSULES_EMU_THREADS, else one
-        per usable core; 1: one block after another)."""
+        per usable core within default_emu_threads' bound; 1: one block after another)."""
         super().__init__()
         if threads is not None and int(threads) < 1:
             raise CapsuleError(f"--emu-threads: must be >= 1 (1: blocks one after another), got {threads}")
-        self.threads = int(threads) if threads is not None else (emu_threads_from_env() or usable_cpus())
+        self.threads = int(threads) if threads is not None else (emu_threads_from_env() or default_emu_threads())
         self.family_dir, self.refs = family_dir, refs
         self.compiler = find_host_compiler()
         self.description = f"CPU emulator of the CUDA kernels ({self.compiler.version})"
