@@ -310,16 +310,26 @@ class Session:
 
         spec = self.spec
         arrays, params, out_shape = validate(spec, sample.inputs, sample.params, np.float32)
-        r = REFERENCE.forward(spec, arrays, **sample.params)
-        m = REFERENCE.magnitude(spec, arrays, **sample.params)
+        cotangent = (
+            seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
+            if spec.has_vjp
+            else None
+        )
+        r, m, reference_grads, magnitude_grads = REFERENCE.case(spec, arrays, cotangent, **sample.params)
         n = spec.error.length(shapes_of(arrays), params) if isinstance(spec.error, Accumulation) else 1
-        case = Case(sample, _has_special(sample), arrays, params, out_shape, r, m, n)
-        if spec.has_vjp:
-            case.cotangent = (
-                seeded_rng(spec.name, f"g/{sample.case}", self.seed).standard_normal(out_shape).astype(np.float32)
-            )
-            case.reference_grads = REFERENCE.vjp(spec, arrays, case.cotangent, **sample.params)
-            case.magnitude_grads = REFERENCE.vjp_magnitude(spec, arrays, case.cotangent, **sample.params)
+        case = Case(
+            sample,
+            _has_special(sample),
+            arrays,
+            params,
+            out_shape,
+            r,
+            m,
+            n,
+            cotangent,
+            reference_grads,
+            magnitude_grads,
+        )
         case.f32, case.f32_grads = _float32_runs(spec, case)
         return case
 
