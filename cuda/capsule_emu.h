@@ -973,14 +973,24 @@ CAPSULE_EMU_INTERNAL inline std::vector<unsigned> schedule(unsigned n, uint64_t 
     return order;
 }
 
+// A pointer the compiler cannot see through: GCC recomputes the address of a thread-local (a
+// __tls_get_addr call, in a family library) wherever it would otherwise keep it in a register or
+// spill it, such as after every switch to a fiber.
+template <class T>
+CAPSULE_EMU_INTERNAL inline T* opaque(T* p) {
+    asm("" : "+r"(p));
+    return p;
+}
+
 // Runs the current block to completion; false when it deadlocked or aborted (state.error says why).
 CAPSULE_EMU_INTERNAL inline bool run_block(unsigned n) {
-    State& state = capsule_emu::state;
+    State& state = *opaque(&capsule_emu::state);
     state.fibers.assign(n, Fiber{});
 #if defined(CAPSULE_EMU_SANITIZE)
     if (state.stacks.size() < n) state.stacks.resize(n);
     if (fiber_locals.size() < n) fiber_locals.resize(n);
 #else
+    GuardedStacks& guarded_stacks = *opaque(&capsule_emu::guarded_stacks);
     if (!guarded_stacks.reserve(n)) {
         state.error = std::string(state.kernel) + " block " + dims(state.block_index) +
                       ": the emulator could not map the stacks of a block of " + std::to_string(n) + " threads (" +
@@ -1116,6 +1126,7 @@ void copy_failure(To& to, const From& from) {
 // or a block has failed (here or on another thread), and records a failure for the launch (the
 // first in the schedule wins, so the error does not depend on which threads ran beside it).
 CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
+    State& state = *opaque(&capsule_emu::state);
     state.launch = &l;
     state.kernel = l.kernel;
     state.grid_dim = l.grid_dim;
