@@ -1,6 +1,7 @@
 """The emulated device memory: freed addresses stay quarantined while their pages are reused."""
 
 import ctypes
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -91,3 +92,22 @@ def test_freed_allocations_leave_no_mapping_of_their_own():
             space.free(address)
     assert space.kept_bytes > 0
     assert _mappings_within(space) == 1
+
+
+def test_host_threads_allocating_at_once_never_share_an_allocation():
+    """EmuBackends on several host threads share the one address space (the pytest plugin's, a
+    library user's thread pool); each allocation stays its thread's own until freed."""
+    space = _space()
+
+    def churn(tag: int) -> int:
+        clobbered = 0
+        for i in range(300):
+            address = space.allocate((1 + i % 3) * PAGE)
+            view = _bytes(address, PAGE)
+            view[:] = tag
+            clobbered += int((view != tag).any())
+            space.free(address)
+        return clobbered
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(churn, range(1, 5), timeout=300)) == [0, 0, 0, 0]

@@ -192,7 +192,7 @@ def test_launches_from_two_host_threads_at_once_both_finish_exactly(family):
     """The pool runs one launch at a time; a launch that finds it busy runs on its own thread."""
     with ThreadPoolExecutor(2) as host:
         runs = [host.submit(launch, EmuBackend(family_dir=family, refs=REFS, threads=3), "shared", 0) for _ in range(4)]
-        results = [run.result() for run in runs]
+        results = [run.result(timeout=300) for run in runs]
     expected = np.repeat(np.arange(BLOCKS, dtype=np.float32) * 4000, THREADS)
     for y, counter in results:
         assert np.array_equal(y, expected) and counter == BLOCKS * THREADS

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
+import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -89,6 +90,9 @@ class DeviceAddressSpace:
                 f"cannot reserve {size >> 30} GiB of address space for the emulated device (errno {ctypes.get_errno()})"
             )
         self.base = int(base)
+        self._lock = threading.Lock()
+        """One allocation or free at a time: EmuBackends on several host threads share this space,
+        and the ctypes calls inside let another thread run (two got the same address)."""
         self._cursor = self.base
         self._live: dict[int, Allocation] = {}
         self._buffers: dict[int, list[NamedBuffer]] = {}
@@ -111,12 +115,13 @@ class DeviceAddressSpace:
                 f"an allocation of {nbytes:,} bytes does not fit the emulated device "
                 f"({self.size >> 30} GiB of address space)"
             )
-        address = self._place(committed)
-        if not self._reuse(address, committed):
-            self._map(address, committed, _PROT_RW)
-        self._live[address] = Allocation(address, int(nbytes), committed)
-        self._cursor = address + committed
-        return address
+        with self._lock:
+            address = self._place(committed)
+            if not self._reuse(address, committed):
+                self._map(address, committed, _PROT_RW)
+            self._live[address] = Allocation(address, int(nbytes), committed)
+            self._cursor = address + committed
+            return address
 
     def _place(self, committed: int) -> int:
         """The next address GAP past the cursor whose span (and the GAPs around it) touches no live
@@ -189,19 +194,21 @@ class DeviceAddressSpace:
     def free(self, address: int):
         """Decommit: the pages become inaccessible (a later access faults); they are kept for a
         later allocation of their size, or go back to the system."""
-        allocation = self._live.pop(address, None)
-        if allocation is None:
-            return
-        if not self._keep(address, allocation.committed):
-            self._map(address, allocation.committed, _PROT_NONE, _MAP_NORESERVE)
-        for b in self._buffers.pop(address, ()):
-            self._freed.append(NamedBuffer(b.address, b.nbytes, b.name, freed=True))
+        with self._lock:
+            allocation = self._live.pop(address, None)
+            if allocation is None:
+                return
+            if not self._keep(address, allocation.committed):
+                self._map(address, allocation.committed, _PROT_NONE, _MAP_NORESERVE)
+            for b in self._buffers.pop(address, ()):
+                self._freed.append(NamedBuffer(b.address, b.nbytes, b.name, freed=True))
 
     def name_buffer(self, address: int, nbytes: int, name: str):
         """Record that the plan buffer `name` occupies [address, address + nbytes) of an allocation."""
-        owner = self._owner(address)
-        if owner is not None:
-            self._buffers.setdefault(owner.address, []).append(NamedBuffer(int(address), int(nbytes), name))
+        with self._lock:
+            owner = self._owner(address)
+            if owner is not None:
+                self._buffers.setdefault(owner.address, []).append(NamedBuffer(int(address), int(nbytes), name))
 
     def _owner(self, address: int) -> Allocation | None:
         starts = sorted(self._live)
@@ -220,11 +227,13 @@ class DeviceAddressSpace:
         e.g. "4,096 bytes after the end of buffer `y` (1,024 bytes)"; "" when no buffer is near."""
         if not self.contains(address):
             return "outside the emulated device's memory (not a device address: a host pointer, or null plus an offset)"
-        live = [b for bs in self._buffers.values() for b in bs]
+        with self._lock:
+            live = [b for bs in self._buffers.values() for b in bs]
+            freed_buffers = list(self._freed)
         best = _nearest(address, live, self.gap)
         if best is not None:
             return best
-        freed = _nearest(address, list(self._freed), self.gap)
+        freed = _nearest(address, freed_buffers, self.gap)
         if freed is not None:
             return freed
         return "in the emulated device's memory, far from every buffer of the run"
