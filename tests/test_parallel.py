@@ -312,6 +312,25 @@ def test_a_worker_process_starts_with_its_blas_threads_and_the_parent_keeps_its_
     assert not any(os.environ.get(name) for name in names)
 
 
+def test_a_worker_process_keeps_freed_memory_in_its_heap_unless_the_environment_says(tmp_path, monkeypatch):
+    (tmp_path / "malloc_probe.py").write_text(
+        "import os\n\n\ndef settings(backend, task):\n    return [os.environ.get(name) for name in task]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import malloc_probe
+
+    names = list(parallel.WORKER_MALLOC_ENV)
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    workers = (parallel.Worker("numpy"),)
+    done = dict(parallel._run_local(workers, malloc_probe.settings, [(0, names)], None, lambda r: False))
+    assert done == {0: [parallel.WORKER_MALLOC_ENV[name] for name in names]}
+    assert not any(os.environ.get(name) for name in names)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    done = dict(parallel._run_local(workers, malloc_probe.settings, [(0, names)], None, lambda r: False))
+    assert done[0][names.index("MALLOC_TRIM_THRESHOLD_")] == "0"
+
+
 def test_emulator_workers_share_the_cores_unless_told(monkeypatch):
     """N emu workers run a launch's blocks on cores / N threads each; --emu-threads or
     CAPSULES_EMU_THREADS decides instead when given."""
