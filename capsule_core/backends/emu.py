@@ -27,6 +27,7 @@ from capsule_core.backends.device import DeviceBackend
 from capsule_core.backends.emu_memory import address_space
 from capsule_core.errors import CapsuleError, EnvironmentMissing
 from capsule_core.kernels.c_types import C_TYPES, argument_word
+from capsule_core.kernels.launch import MAX_THREADS_PER_BLOCK
 from capsule_core.kernels.nvcc import build_name, usable_cpus
 
 EMULATOR_HEADER = "capsule_emu.h"
@@ -420,9 +421,6 @@ def emu_threads_from_env() -> int | None:
     return int(text)
 
 
-MAX_BLOCK_THREADS = 1024
-
-
 def max_map_count() -> int:
     """vm.max_map_count: the mappings a process may hold (Linux's default when unreadable)."""
     try:
@@ -435,7 +433,7 @@ def default_emu_threads() -> int:
     """One OS thread per usable core, but no more than half of vm.max_map_count can hold: each
     thread keeps the stacks of a block's up to 1,024 kernel threads, two mappings apiece (the
     stack and its guard page); with Linux's default that is 15 threads."""
-    return max(1, min(usable_cpus(), (max_map_count() // 2) // (2 * MAX_BLOCK_THREADS + 1)))
+    return max(1, min(usable_cpus(), (max_map_count() // 2) // (2 * MAX_THREADS_PER_BLOCK + 1)))
 
 
 def launch_timeout_from_env() -> float:

@@ -317,19 +317,8 @@ class Session:
         )
         r, m, reference_grads, magnitude_grads = REFERENCE.case(spec, arrays, cotangent, **sample.params)
         n = spec.error.length(shapes_of(arrays), params) if isinstance(spec.error, Accumulation) else 1
-        case = Case(
-            sample,
-            _has_special(sample),
-            arrays,
-            params,
-            out_shape,
-            r,
-            m,
-            n,
-            cotangent,
-            reference_grads,
-            magnitude_grads,
-        )
+        case = Case(sample, _has_special(sample), arrays, params, out_shape, r, m, n)
+        case.cotangent, case.reference_grads, case.magnitude_grads = cotangent, reference_grads, magnitude_grads
         case.f32, case.f32_grads = _float32_runs(spec, case)
         return case
 
