@@ -1372,6 +1372,25 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, caps
     return capsule_emu::shuffle(v, in_group >= delta ? lane - delta : lane, "__shfl_up_sync", site);
 }
 
+namespace capsule_emu {
+// Ends the launch, as the GPU's "misaligned address" fault does.
+[[noreturn]] inline void misaligned_access(uintptr_t pointer, uintptr_t alignment, const char* file, unsigned line) {
+    const char* slash = std::strrchr(file, '/');
+    char address[32];
+    std::snprintf(address, sizeof address, "%lx", static_cast<unsigned long>(pointer));
+    abort_launch(where() + ": misaligned " + std::to_string(alignment) + "-byte access at address 0x" + address + " at " +
+                 (slash ? slash + 1 : file) + ":" + std::to_string(line));
+}
+
+// The alignment a GPU's vector access needs, tested where host code makes that access element by
+// element (the elements alone meet -fsanitize=alignment at any multiple of 4), so that the loop
+// around it may go without UBSan's per-access checks, which keep g++ from vectorising it.
+inline void require_aligned(const void* p, uintptr_t bytes, Site site = Site::current()) {
+    const uintptr_t pointer = reinterpret_cast<uintptr_t>(p);
+    if (__builtin_expect(pointer % bytes != 0, 0)) misaligned_access(pointer, bytes, site.file_name(), site.line());
+}
+}  // namespace capsule_emu
+
 #if !defined(CAPSULE_EMU_SANITIZE)
 // The handler of -fsanitize=alignment (UBSan's ABI): a misaligned typed access ends the launch, as
 // the GPU's "misaligned address" fault does. Sanitizer builds use UBSan's own runtime instead.
@@ -1391,11 +1410,7 @@ struct capsule_emu_ubsan_mismatch {
 // accumulators), as it cannot around a call that may return and may have written memory.
 [[noreturn]] __attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1_abort(capsule_emu_ubsan_mismatch* data,
                                                                                                 uintptr_t pointer) {
-    const uintptr_t alignment = uintptr_t(1) << data->log_alignment;
-    const char* slash = std::strrchr(data->location.file, '/');
-    capsule_emu::abort_launch(capsule_emu::where() + ": misaligned " + std::to_string(alignment) + "-byte access at address 0x" +
-                              [&] { char b[32]; std::snprintf(b, sizeof b, "%lx", static_cast<unsigned long>(pointer)); return std::string(b); }() +
-                              " at " + (slash ? slash + 1 : data->location.file) + ":" + std::to_string(data->location.line));
+    capsule_emu::misaligned_access(pointer, uintptr_t(1) << data->log_alignment, data->location.file, data->location.line);
 }
 __attribute__((visibility("default"))) void __ubsan_handle_type_mismatch_v1(capsule_emu_ubsan_mismatch* data, uintptr_t pointer) {
     const uintptr_t alignment = uintptr_t(1) << data->log_alignment;

@@ -26,6 +26,9 @@
 
 #include <cmath>
 #include <cstdint>
+#if defined(CAPSULE_EMU)
+#include <cstring>
+#endif
 
 #include "common.cuh"
 
@@ -430,6 +433,55 @@ struct Loader {
     }
 };
 
+#if defined(CAPSULE_EMU)
+// The emulator's multiply: the same FMA chains as the GPU's below (acc[i][j] once per p, p
+// ascending, each FMA one rounding), spelt with four-float vectors, which g++ makes packed FMAs;
+// its own vectorisation of the scalar loops keeps an 8×8 micro-tile in memory, 7× slower. No
+// second fragment buffer: the host has no load latency to hide.
+typedef float emu_f4 __attribute__((vector_size(16)));
+
+// UBSan's per-access alignment checks among the FMAs would keep them scalar; the loads test the
+// alignment themselves, the rest are registers. (g++ inlines no function into one whose sanitizer
+// attributes differ: hence on each.)
+#define CAPSULE_LA_NO_UBSAN_ALIGNMENT __attribute__((no_sanitize("alignment")))
+
+// A 16-byte shared-memory load: the GPU's faults at an address that is not a multiple of 16, and
+// UBSan checks nothing here, so the test is made by hand.
+CAPSULE_LA_NO_UBSAN_ALIGNMENT __forceinline__ emu_f4 emu_ld4(const float* p) {
+    capsule_emu::require_aligned(p, 16);
+    emu_f4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+CAPSULE_LA_NO_UBSAN_ALIGNMENT __forceinline__ emu_f4 emu_fma4(emu_f4 a, emu_f4 b, emu_f4 c) {
+#if defined(__FMA__)
+    return __builtin_ia32_vfmaddps(a, b, c);
+#else
+    return emu_f4{fma_rn(a[0], b[0], c[0]), fma_rn(a[1], b[1], c[1]), fma_rn(a[2], b[2], c[2]), fma_rn(a[3], b[3], c[3])};
+#endif
+}
+
+template <class T>
+CAPSULE_LA_NO_UBSAN_ALIGNMENT __forceinline__ void multiply_stage(const float* as, const float* bs, int tx, int ty,
+                                                                 float (&acc)[T::TM][T::TN]) {
+    emu_f4 c[T::TM][T::TN / 4];  // c[i][h]: acc[i][4h … 4h + 3]
+    std::memcpy(c, acc, sizeof c);
+#pragma GCC unroll 16
+    for (int p = 0; p < T::BK; ++p) {
+        emu_f4 b[T::TN / 4];
+        for (int h = 0; h < T::TN / 4; ++h) b[h] = emu_ld4(bs + p * T::BN + tile_col<T>(tx, 4 * h));
+        for (int g = 0; g < T::TM / 4; ++g) {
+            const emu_f4 a = emu_ld4(as + p * T::BM + tile_row<T>(ty, 4 * g));
+            for (int r = 0; r < 4; ++r) {
+                const emu_f4 ar = {a[r], a[r], a[r], a[r]};
+                for (int h = 0; h < T::TN / 4; ++h) c[4 * g + r][h] = emu_fma4(ar, b[h], c[4 * g + r][h]);
+            }
+        }
+    }
+    std::memcpy(acc, c, sizeof c);
+}
+#else
 // The thread's A and B fragments of step p of a stage: 16-byte shared loads.
 template <class T>
 __device__ __forceinline__ void fragments(const float* as, const float* bs, int p, int tx, int ty, float a[T::TM],
@@ -457,6 +509,7 @@ __device__ __forceinline__ void multiply_stage(const float* as, const float* bs,
         }
     }
 }
+#endif
 
 // Work item `tile` of the GEMM by one block (blockDim.x == T::THREADS). Split-K makes the splits
 // an outer batch: the item is a tile of entry e (tile_coords over batch·splits entries), of batch

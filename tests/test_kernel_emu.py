@@ -98,6 +98,12 @@ __global__ void misaligned_float4(const float* x, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(x + 1);
     out[threadIdx.x] = v.x;
 }
+// The test that emulator code makes where it moves a vector without a typed access (linalg.cuh's
+// multiply on the host): thread t at x + t.
+__global__ void hand_tested_alignment(const float* x, float* out) {
+    capsule_emu::require_aligned(x + threadIdx.x, 16);
+    out[threadIdx.x] = x[threadIdx.x];
+}
 extern "C" int run_read_unwritten_shared(unsigned* out) {
     return capsule_emu::launch("read_unwritten_shared", dim3{2}, dim3{1}, 16, &read_unwritten_shared, out);
 }
@@ -111,6 +117,9 @@ extern "C" int run_store_through(int64_t address, float* out) {
 extern "C" int run_deep_stack(float* out) { return capsule_emu::launch("deep_stack", dim3{1}, dim3{4}, 0, &deep_stack, out); }
 extern "C" int run_misaligned(const float* x, float* out) {
     return capsule_emu::launch("misaligned_float4", dim3{1}, dim3{4}, 0, &misaligned_float4, x, out);
+}
+extern "C" int run_hand_tested_alignment(unsigned block, const float* x, float* out) {
+    return capsule_emu::launch("hand_tested_alignment", dim3{1}, dim3{block}, 0, &hand_tested_alignment, x, out);
 }
 extern "C" const char* last_error() { return capsule_emu::state.error.c_str(); }
 extern "C" int run_block_sums(unsigned grid, unsigned block, const float* x, float* out) {
@@ -169,6 +178,7 @@ def lib(tmp_path_factory):
     lib.run_read_unwritten_shared.argtypes = [p]
     lib.run_trap.argtypes = [p]
     lib.run_misaligned.argtypes = [p, p]
+    lib.run_hand_tested_alignment.argtypes = [u, p, p]
     lib.run_divide_by.argtypes = [p, p]
     lib.run_store_through.argtypes = [ctypes.c_int64, p]
     lib.run_deep_stack.argtypes = [p]
@@ -293,6 +303,19 @@ def test_a_misaligned_vector_access_is_an_error(lib):
             f"misaligned_float4 block (0,0,0) thread (0,0,0): misaligned 16-byte access at address {base + 4:#x} at selftest_emu.cpp:"
         )
     )
+
+
+def test_an_alignment_tested_by_hand_reports_as_the_instrumented_one(lib):
+    x = np.arange(8, dtype=np.float32)
+    base = x.ctypes.data + (-x.ctypes.data % 16)
+    out = np.zeros(2, np.float32)
+    assert lib.run_hand_tested_alignment(1, base, out.ctypes.data) == 1
+    assert lib.run_hand_tested_alignment(2, base, out.ctypes.data) == 0
+    error = lib.last_error().decode()
+    assert error.startswith(
+        f"hand_tested_alignment block (0,0,0) thread (1,0,0): misaligned 16-byte access at address {base + 4:#x} "
+        "at selftest_emu.cpp:"
+    ), error
 
 
 # -- plans through DeviceBackend.execute: misaligned buffers, and what a run reports ---------------
