@@ -242,9 +242,11 @@ struct Unobserved {
 }  // namespace capsule_emu
 
 #if !defined(CAPSULE_EMU_UCONTEXT)
-// capsule_emu_switch(&save, to): saves the callee-saved registers, the SSE and x87 control words
-// and the stack pointer into *save, and resumes the context whose stack pointer is `to` (System V
-// x86-64). No system call, unlike swapcontext, which saves the signal mask on every switch.
+// capsule_emu_switch(&save, to): saves the callee-saved registers and the stack pointer into
+// *save, and resumes the context whose stack pointer is `to` (System V x86-64). No system call,
+// unlike swapcontext, which saves the signal mask on every switch; no floating-point control
+// words, which kernel code cannot change (KernelFloatingPoint sets them for a whole launch):
+// stmxcsr, ldmxcsr and fldcw were four fifths of a switch.
 extern "C" void capsule_emu_switch(void** save, void* to);
 asm(R"(
     .text
@@ -259,14 +261,8 @@ capsule_emu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -331,7 +327,7 @@ struct Fiber {
 
 struct Warp {
     Barrier barrier;
-    uint64_t exchange[32];
+    uint64_t exchange[2][32];  // by the parity of the barrier's generation (exchange())
 };
 
 // What every block of one launch shares: the kernel and its configuration, the schedule, the
@@ -459,7 +455,6 @@ constexpr size_t kFiberLocalBytes = 4096;
 // neighbour's. Kernel code finds its fiber from its stack pointer (here()), without a thread-local
 // lookup on every threadIdx. Pages are touched only as threads use them.
 constexpr size_t kSlotBytes = 256 * 1024;
-static_assert((kSlotBytes & (kSlotBytes - 1)) == 0 && kSlotBytes >= kStackBytes + 2 * 65536);
 
 struct SlotHeader {
     alignas(64) unsigned char local[kFiberLocalBytes];  // fiber_local()
@@ -467,6 +462,19 @@ struct SlotHeader {
     State* state;
     char pad[48];
 };
+
+// Slot s's header, and the stack under it, lie s mod kColours cache lines below the top of the
+// slot: slots are a power of two apart, so otherwise every fiber's header and stack top would
+// share the same few cache sets, and resuming a fiber would miss the caches (most of the time of
+// a switch, before).
+constexpr size_t kColours = 256;
+constexpr size_t kPageBytes = 4096;  // x86-64's (capsule_emu_switch is x86-64 code)
+static_assert((kSlotBytes & (kSlotBytes - 1)) == 0 &&
+              kSlotBytes >= kStackBytes + sizeof(SlotHeader) + kColours * 64 + 2 * kPageBytes);
+
+inline uintptr_t header_address(uintptr_t slot) {
+    return slot + kSlotBytes - sizeof(SlotHeader) - slot / kSlotBytes % kColours * 64;
+}
 
 struct GuardedStacks {
     char* mapping = nullptr;
@@ -476,8 +484,10 @@ struct GuardedStacks {
     size_t guard = 0;
 
     size_t stride() const { return kSlotBytes; }
-    char* stack(unsigned t) const { return base + (t + 1) * kSlotBytes - sizeof(SlotHeader) - kStackBytes; }
-    SlotHeader& header(unsigned t) const { return *reinterpret_cast<SlotHeader*>(base + (t + 1) * kSlotBytes - sizeof(SlotHeader)); }
+    char* stack(unsigned t) const { return reinterpret_cast<char*>(&header(t)) - kStackBytes; }
+    SlotHeader& header(unsigned t) const {
+        return *reinterpret_cast<SlotHeader*>(header_address(reinterpret_cast<uintptr_t>(base) + t * kSlotBytes));
+    }
     // The guard page of stack t: the page below the one its bottom lies in.
     char* guard_page(unsigned t) const {
         return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(stack(t)) & ~uintptr_t(guard - 1)) - guard;
@@ -490,6 +500,7 @@ struct GuardedStacks {
         if (n <= count) return true;
         release();
         guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        if (guard > kPageBytes) return false;
         const size_t bytes = (n + 1) * kSlotBytes;
         void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) return false;
@@ -525,7 +536,7 @@ inline thread_local GuardedStacks guarded_stacks;
 // code only: it runs on a fiber's stack).
 CAPSULE_EMU_INTERNAL inline SlotHeader& slot() {
     const uintptr_t sp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-    return *reinterpret_cast<SlotHeader*>((sp & ~uintptr_t(kSlotBytes - 1)) + kSlotBytes - sizeof(SlotHeader));
+    return *reinterpret_cast<SlotHeader*>(header_address(sp & ~uintptr_t(kSlotBytes - 1)));
 }
 CAPSULE_EMU_INTERNAL inline State& here() { return *slot().state; }
 CAPSULE_EMU_INTERNAL inline Fiber& me() { return *slot().fiber; }
@@ -770,10 +781,13 @@ CAPSULE_EMU_INTERNAL inline uint64_t exchange(uint64_t bits, unsigned source_lan
     Unobserved quiet;
     const unsigned lane = me().linear & 31u;
     Warp& w = my_warp();
-    wait(w.barrier, kind, site);  // every lane has finished reading the previous exchange
-    w.exchange[lane] = bits;
+    // One barrier: the lanes write the slots of the parity of the generation they arrive in, which
+    // no lane still reads (a lane reads slots only until it reaches the warp's next barrier, and
+    // every lane reaches that one before any lane arrives in a generation of the same parity).
+    uint64_t* slots = w.exchange[w.barrier.generation & 1];
+    slots[lane] = bits;
     wait(w.barrier, kind, site);
-    return source_lane < w.barrier.size ? w.exchange[source_lane] : bits;
+    return source_lane < w.barrier.size ? slots[source_lane] : bits;
 }
 
 template <class T>
@@ -858,14 +872,13 @@ CAPSULE_EMU_INTERNAL inline void fiber_main() {
 }
 
 #if !defined(CAPSULE_EMU_UCONTEXT)
-// A new fiber's stack as capsule_emu_switch leaves a saved one: control words, six zeroed
-// registers, and fiber_main as the return address (the stack 16-byte aligned as after a call).
+// A new fiber's stack as capsule_emu_switch leaves a saved one: six zeroed registers, and
+// fiber_main as the return address (the stack 16-byte aligned as after a call).
 inline void* initial_stack(char* stack) {
     uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + kStackBytes) & ~uintptr_t(15);
-    auto* sp = reinterpret_cast<uint64_t*>(top - 72);
-    sp[0] = 0x1F80u | (uint64_t(0x037Fu) << 32);
-    for (int i = 1; i <= 6; ++i) sp[i] = 0;
-    sp[7] = reinterpret_cast<uint64_t>(&fiber_main);
+    auto* sp = reinterpret_cast<uint64_t*>(top - 64);
+    for (int i = 0; i < 6; ++i) sp[i] = 0;
+    sp[6] = reinterpret_cast<uint64_t>(&fiber_main);
     return sp;
 }
 #endif
@@ -1125,7 +1138,24 @@ void copy_failure(To& to, const From& from) {
 // This OS thread's part of launch l: it claims blocks in the schedule's order until none is left
 // or a block has failed (here or on another thread), and records a failure for the launch (the
 // first in the schedule wins, so the error does not depend on which threads ran beside it).
+// The floating-point environment of kernel code for as long as an OS thread runs blocks: round to
+// nearest, subnormals kept (no flush to zero), exceptions masked, as on a GPU; then the caller's
+// again. Kernel code cannot change it, so fibers need not carry it (swapcontext, elsewhere, does).
+struct KernelFloatingPoint {
+#if !defined(CAPSULE_EMU_UCONTEXT)
+    uint32_t mxcsr;
+    uint16_t x87;
+    KernelFloatingPoint() {
+        asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(x87));
+        set(0x1F80u, 0x037Fu);
+    }
+    ~KernelFloatingPoint() { set(mxcsr, x87); }
+    static void set(uint32_t sse, uint16_t x87_word) { asm volatile("ldmxcsr %0\n\tfldcw %1" ::"m"(sse), "m"(x87_word)); }
+#endif
+};
+
 CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
+    const KernelFloatingPoint floating_point;
     State& state = *opaque(&capsule_emu::state);
     state.launch = &l;
     state.kernel = l.kernel;

@@ -98,6 +98,15 @@ __global__ void misaligned_float4(const float* x, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(x + 1);
     out[threadIdx.x] = v.x;
 }
+// Each thread's SSE control word, before and after a barrier (a switch to the other threads).
+__global__ void control_words(unsigned* seen) {
+    unsigned word;
+    asm volatile("stmxcsr %0" : "=m"(word));
+    seen[2 * threadIdx.x] = word;
+    __syncthreads();
+    asm volatile("stmxcsr %0" : "=m"(word));
+    seen[2 * threadIdx.x + 1] = word;
+}
 // The test that emulator code makes where it moves a vector without a typed access (linalg.cuh's
 // multiply on the host): thread t at x + t.
 __global__ void hand_tested_alignment(const float* x, float* out) {
@@ -120,6 +129,17 @@ extern "C" int run_misaligned(const float* x, float* out) {
 }
 extern "C" int run_hand_tested_alignment(unsigned block, const float* x, float* out) {
     return capsule_emu::launch("hand_tested_alignment", dim3{1}, dim3{block}, 0, &hand_tested_alignment, x, out);
+}
+// Launched with the host's control word set to `host` (then put back); *after: the host's word
+// once the launch has returned.
+extern "C" int run_control_words(unsigned host, unsigned* seen, unsigned* after) {
+    unsigned before;
+    asm volatile("stmxcsr %0" : "=m"(before));
+    asm volatile("ldmxcsr %0" ::"m"(host));
+    const int ok = capsule_emu::launch("control_words", dim3{3}, dim3{64}, 0, &control_words, seen);
+    asm volatile("stmxcsr %0" : "=m"(*after));
+    asm volatile("ldmxcsr %0" ::"m"(before));
+    return ok;
 }
 extern "C" const char* last_error() { return capsule_emu::state.error.c_str(); }
 extern "C" int run_block_sums(unsigned grid, unsigned block, const float* x, float* out) {
@@ -178,6 +198,7 @@ def lib(tmp_path_factory):
     lib.run_read_unwritten_shared.argtypes = [p]
     lib.run_trap.argtypes = [p]
     lib.run_misaligned.argtypes = [p, p]
+    lib.run_control_words.argtypes = [u, p, p]
     lib.run_hand_tested_alignment.argtypes = [u, p, p]
     lib.run_divide_by.argtypes = [p, p]
     lib.run_store_through.argtypes = [ctypes.c_int64, p]
@@ -316,6 +337,18 @@ def test_an_alignment_tested_by_hand_reports_as_the_instrumented_one(lib):
         f"hand_tested_alignment block (0,0,0) thread (1,0,0): misaligned 16-byte access at address {base + 4:#x} "
         "at selftest_emu.cpp:"
     ), error
+
+
+def test_kernels_run_in_the_gpus_floating_point_environment_and_the_hosts_is_kept(lib):
+    """Round to nearest, subnormals kept, exceptions masked (MXCSR 0x1F80) in every kernel thread,
+    across switches, whatever the host set (here flush-to-zero and denormals-are-zero); the host's
+    word is back after the launch."""
+    host_ftz_daz = 0x1F80 | 0x8000 | 0x0040
+    seen = np.zeros(2 * 64, np.uint32)
+    after = np.zeros(1, np.uint32)
+    assert lib.run_control_words(host_ftz_daz, seen.ctypes.data, after.ctypes.data) == 1
+    assert set(seen.tolist()) == {0x1F80}
+    assert after[0] == host_ftz_daz
 
 
 # -- plans through DeviceBackend.execute: misaligned buffers, and what a run reports ---------------
