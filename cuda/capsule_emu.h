@@ -1135,9 +1135,6 @@ void copy_failure(To& to, const From& from) {
     to.timed_out = from.timed_out;
 }
 
-// This OS thread's part of launch l: it claims blocks in the schedule's order until none is left
-// or a block has failed (here or on another thread), and records a failure for the launch (the
-// first in the schedule wins, so the error does not depend on which threads ran beside it).
 // The floating-point environment of kernel code for as long as an OS thread runs blocks: round to
 // nearest, subnormals kept (no flush to zero), exceptions masked, as on a GPU; then the caller's
 // again. Kernel code cannot change it, so fibers need not carry it (swapcontext, elsewhere, does).
@@ -1154,8 +1151,11 @@ struct KernelFloatingPoint {
 #endif
 };
 
+// This OS thread's part of launch l: it claims blocks in the schedule's order until none is left
+// or a block has failed (here or on another thread), and records a failure for the launch (the
+// first in the schedule wins, so the error does not depend on which threads ran beside it).
 CAPSULE_EMU_INTERNAL inline void run_blocks(Launch& l) {
-    const KernelFloatingPoint floating_point;
+    KernelFloatingPoint floating_point;
     State& state = *opaque(&capsule_emu::state);
     state.launch = &l;
     state.kernel = l.kernel;
@@ -1412,9 +1412,9 @@ namespace capsule_emu {
                  (slash ? slash + 1 : file) + ":" + std::to_string(line));
 }
 
-// The alignment a GPU's vector access needs, tested where host code makes that access element by
-// element (the elements alone meet -fsanitize=alignment at any multiple of 4), so that the loop
-// around it may go without UBSan's per-access checks, which keep g++ from vectorising it.
+// The alignment a GPU's vector access needs, tested by hand where emulator code moves the vector
+// without a typed access (memcpy), so that the loop around it may go without UBSan's per-access
+// checks, which keep g++ from vectorising it (linalg.cuh's multiply).
 inline void require_aligned(const void* p, uintptr_t bytes, Site site = Site::current()) {
     const uintptr_t pointer = reinterpret_cast<uintptr_t>(p);
     if (__builtin_expect(pointer % bytes != 0, 0)) misaligned_access(pointer, bytes, site.file_name(), site.line());
