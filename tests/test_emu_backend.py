@@ -95,10 +95,15 @@ def test_builds_are_cached_by_content(tmp_path, monkeypatch):
 
 def test_every_family_builds_with_the_device_code_path():
     """__CUDA_ARCH__ is defined: common.cuh's device branches (the _rn intrinsics, __ldg, float4
-    access) are what the emulator compiles."""
+    access) are what the emulator compiles. The builds go side by side through the shared build
+    pool, as verify's do."""
+    from capsule_core.catalog import registry
+
     assert len(emu.emulated_families()) == 11
+    assert kernels.build_in_parallel(emu.emulator_builds(registry.kernel_capsules())) == {}
     for family in emu.emulated_families():
-        assert emu.build_family(family).path.is_file()
+        built = emu.build_family(family)
+        assert built.cached and built.path.is_file()
 
 
 def test_a_run_on_emu_makes_its_builds_side_by_side_first(monkeypatch):

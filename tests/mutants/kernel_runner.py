@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 from capsule_core.kernels.nvcc import cuda_source_dir
@@ -45,16 +43,19 @@ def mutated_sources(mutant: KernelMutant):
 
 
 def prebuild(mutants) -> None:
-    """Builds the mutated families side by side, one host compiler per core (a build takes 5 to 30
-    s, a verify run mostly under 2), into the content-hash cache the runs then load from."""
+    """Builds the mutated families side by side through the shared build pool (one host compiler
+    per usable core; a build takes 5 to 30 s, a verify run mostly under 2), into the content-hash
+    cache the runs then load from. A mutant that does not compile is an error of the catalog."""
     from capsule_core.backends.emu import build_family
+    from capsule_core.kernels.nvcc import build_in_parallel
 
     def build(mutant):
         with mutated_sources(mutant) as folder:
             build_family(mutant.family, family_dir=folder)
 
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        list(pool.map(build, mutants))
+    failed = build_in_parallel({m.id: partial(build, m) for m in mutants})
+    if failed:
+        raise RuntimeError(f"kernel mutants that do not build: {failed}")
 
 
 @lru_cache(maxsize=None)
