@@ -48,6 +48,12 @@ extern "C" __global__ void capsule_planted_uninit(const float* __restrict__ x, f
     __syncthreads();
     y[i] = s[i] + 0.0f * early;
 }
+// No defect: a kernel that never ends when n < 0 (a run past the sanitizer's limit).
+extern "C" __global__ void capsule_planted_spin(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+    volatile int64_t count = n;
+    while (count < 0) count = count - 1 + 1;
+    if (threadIdx.x < n) y[threadIdx.x] = x[threadIdx.x];
+}
 """
 PARAMS = ("const float* __restrict__ x", "float* __restrict__ y", "int64_t n")
 DEFECTS = {"oob": "memcheck", "race": "racecheck", "divergent": "synccheck", "uninit": "initcheck"}
@@ -289,6 +295,29 @@ def test_a_run_past_the_limit_is_a_fault_naming_the_limit(planted, monkeypatch):
     assert sanitize.run_limit() == sanitize.TIMEOUT_S
 
 
+def test_a_batch_past_the_limit_names_the_case_it_struck_in(planted, monkeypatch):
+    """In a batch (every case in one sanitizer process) the limit names the case the runner had
+    reached and that case's first kernel, not the batch's first: the rerun line needs it."""
+    folder, refs = planted
+    refs = (*refs, NativeSymbolRef("cuda/planted.cu", "capsule_planted_spin", PARAMS))
+    backend = sanitize.backend_for("memcheck", folder, refs, batch=True)
+    x = np.arange(N, dtype=np.float32)
+    for case, symbol, n in (("clean", "capsule_planted_race", N), ("stuck", "capsule_planted_spin", -1)):
+        backend.begin_case(case)
+        xa, ya = backend.allocate(x.nbytes), backend.allocate(x.nbytes)
+        backend.upload(xa, x)
+        ref = next(r for r in refs if r.symbol == symbol)
+        backend.launch(ref, (1, 1, 1), (N, 1, 1), 0, [np.uintp(xa), np.uintp(ya), C_TYPES["int64_t"].numpy(n)])
+        backend.synchronize()
+    monkeypatch.setenv(sanitize.TIMEOUT_ENV, "3")
+    with pytest.raises(sanitize.SanitizerTimeout) as timeout:
+        backend.flush()
+    assert timeout.value.case == "stuck"
+    assert str(timeout.value) == (
+        "case stuck: the memcheck run of capsule_planted_spin did not finish in 3 s (--sanitize-timeout)"
+    )
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -333,6 +362,42 @@ def test_cli_sanitize_timeout_reaches_the_runs(monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert sanitize.run_limit() == 1800.0
+
+
+def test_verify_names_the_case_a_batch_ran_out_of_time_in(monkeypatch, tmp_path):
+    """The check's error carries the case the limit struck in and a rerun line for it alone (the
+    runner's process stubbed: it announced two cases, then the limit struck)."""
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    from capsule_core.ops import get_spec
+    from capsule_core.verify.engine import run_samples
+    from cli.app import app
+
+    first, second = (s.case for s in run_samples(get_spec("relu"), True, 0)[:2])
+
+    def out_of_time(command, **kwargs):
+        announced = f"capsule-emu: case {first}\ncapsule-emu: case {second}\n".encode()
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], stderr=announced)
+
+    monkeypatch.setattr(
+        sanitize, "subprocess", SimpleNamespace(run=out_of_time, TimeoutExpired=subprocess.TimeoutExpired)
+    )
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(
+        app,
+        ["verify", "relu", "--backend", "emu", "--quick", "--sanitize=memcheck", "--check", "sanitize.memcheck"]
+        + ["--no-isolate", "--sanitize-timeout", "60", "--json", str(report)],
+    )
+    assert result.exit_code == 1, result.output
+    (check,) = json.loads(report.read_text())["capsules"][0]["checks"]
+    assert check["status"] == "ERROR" and check["case"] == second
+    assert check["reason"] == (
+        f"SanitizerTimeout: case {second}: the memcheck run of capsule_relu_fwd did not finish in 60 s "
+        "(--sanitize-timeout)"
+    )
+    assert check["repro"].endswith(f"--check sanitize.memcheck --seed 0 --case {second}")
 
 
 def test_the_process_compute_sanitizer_watches_runs_without_the_cli():

@@ -140,6 +140,15 @@ class SanitizerFinding(CapsuleError):
         super().__init__(finding.summary)
 
 
+class SanitizerTimeout(KernelFault):
+    """A sanitized run past its limit (--sanitize-timeout); in a batch, `case` is the case that was
+    running when the limit struck (the last one the runner had announced), not the batch's first."""
+
+    def __init__(self, message: str, case: str | None = None):
+        self.case = case
+        super().__init__(message)
+
+
 def runner_path(source: Path, tool: str, build=None, refs=None) -> Path:
     """The runner of a translation unit (capsule_core.backends.emu.build_unit) built for `tool`,
     content-hash cached like every emulator build."""
@@ -387,11 +396,8 @@ class SanitizedBackend(DeviceBackend):
                     env={**os.environ, **TOOL_ENV[self.tool]},
                     preexec_fn=die_with_parent,
                 )
-            except subprocess.TimeoutExpired:
-                first_kernel = next((line.split()[1] for line in lines if line.startswith("launch ")), "the plan")
-                raise KernelFault(
-                    f"the {self.tool} run of {first_kernel} did not finish in {limit:g} s (--sanitize-timeout)"
-                ) from None
+            except subprocess.TimeoutExpired as exc:
+                raise _timeout(self.tool, limit, lines, exc.stderr) from None
 
         proc = run(["valgrind", *VALGRIND_ARGS] if self.tool == "initcheck" else [])
         if self.tool == "initcheck" and proc.returncode != 0 and "ninitialised" in proc.stderr:
@@ -424,6 +430,23 @@ _SOURCE = re.compile(r"([^\s(]+\.cuh?):(\d+)")
 
 
 _CASE = re.compile(r"^capsule-emu: case (.+)$", re.MULTILINE)
+
+
+def _timeout(tool: str, limit: float, lines: list[str], stderr: str | bytes | None) -> SanitizerTimeout:
+    """The limit's error, naming the first kernel of the case that was running (the last case
+    announced on the runner's stderr so far), or of the whole script outside a batch."""
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    announced = _CASE.findall(stderr or "")
+    case = announced[-1] if announced else None
+    if case is not None and f"case {case}" in lines:
+        lines = lines[lines.index(f"case {case}") :]
+    kernel = next((line.split()[1] for line in lines if line.startswith("launch ")), "the plan")
+    return SanitizerTimeout(
+        (f"case {case}: " if case is not None else "")
+        + f"the {tool} run of {kernel} did not finish in {limit:g} s (--sanitize-timeout)",
+        case,
+    )
 
 
 def _failing_case(stderr: str) -> tuple[str | None, str]:

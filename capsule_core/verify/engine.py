@@ -718,7 +718,7 @@ class Session:
         """Every sample and edge case, forward and backward, through the kernels under `tool`, all
         in one sanitizer process (a batch): the first finding fails the check with its case and
         trimmed report (the whole text in `details`)."""
-        from capsule_core.sanitize.engine import SanitizerFinding, backend_for, compute_sanitizer
+        from capsule_core.sanitize.engine import SanitizerFinding, SanitizerTimeout, backend_for, compute_sanitizer
 
         check = f"sanitize.{tool}"
         if not self.capsule.symbols:
@@ -759,6 +759,15 @@ class Session:
                 cases=runs if sample is None else runs + 1,
                 repro=self.sanitizer_repro(tool, found.case),
                 details=exc.finding.text,
+            )
+        except SanitizerTimeout as exc:  # no verdict on the case the limit struck in, named for its rerun
+            return Result(
+                check,
+                Status.ERROR,
+                f"{type(exc).__name__}: {exc}",
+                case=exc.case,
+                cases=runs,
+                repro=self.sanitizer_repro(tool, exc.case),
             )
         except Exception as exc:  # the runner could not run the case (or the batch): no verdict on it
             return Result(
