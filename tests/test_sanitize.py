@@ -384,6 +384,7 @@ def test_verify_names_the_case_a_batch_ran_out_of_time_in(monkeypatch, tmp_path)
     monkeypatch.setattr(
         sanitize, "subprocess", SimpleNamespace(run=out_of_time, TimeoutExpired=subprocess.TimeoutExpired)
     )
+    monkeypatch.setenv(sanitize.TIMEOUT_ENV, "600")  # so that the limit the CLI sets is undone after
     report = tmp_path / "report.json"
     result = CliRunner().invoke(
         app,
