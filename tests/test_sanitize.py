@@ -51,7 +51,8 @@ extern "C" __global__ void capsule_planted_uninit(const float* __restrict__ x, f
 // No defect: a kernel that never ends when n < 0 (a run past the sanitizer's limit).
 extern "C" __global__ void capsule_planted_spin(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
     volatile int64_t count = n;
-    while (count < 0) count = count - 1 + 1;
+    while (count < 0) {
+    }
     if (threadIdx.x < n) y[threadIdx.x] = x[threadIdx.x];
 }
 """
